@@ -1,0 +1,1 @@
+//! Checkpoints: PEFT/HF safetensors writers, manifest, upload and fetch through object_store.

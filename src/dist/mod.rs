@@ -1,0 +1,1 @@
+//! Data-parallel collectives: NCCL through cudarc, and an in-process collective for tests.

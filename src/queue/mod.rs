@@ -1,0 +1,1 @@
+//! Claiming groups, lease heartbeats, the rescuer and notifications, on top of `db`.

@@ -1,0 +1,1 @@
+//! Pure reinforcement-learning math on plain data: group filters and advantages.

@@ -1,0 +1,1 @@
+//! One synchronized optimizer step over all ranks.

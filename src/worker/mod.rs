@@ -1,0 +1,1 @@
+//! The daemon loop: claim, filter, train, checkpoint, commit; graceful shutdown.
