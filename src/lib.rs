@@ -15,6 +15,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod db;
+pub mod demo;
 pub mod dist;
 pub mod error;
 pub mod model;

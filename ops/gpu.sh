@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds trainq for the lent H200 machine and runs GPU work there, the same way every session.
+#
+#   ops/gpu.sh build          # here: release build against torch 2.11, stripped, into .carry/
+#   then, through the device tool's `run` with carry [".carry"]:
+#   bash ops/gpu.sh bench     # there: trainq's benchmark and the HF+PEFT peer, same shapes, one call
+#   bash ops/gpu.sh check     # there: bf16-on-CUDA vs f32-on-CPU agreement and a smoke step
+#
+# Results are JSON lines under $OUT (trainq.jsonl, peer.jsonl) plus a printed ratio table.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+gpu_torch=/opt/torch/.venv/lib/python3.12/site-packages/torch
+gpu_python=/opt/torch/.venv/bin/python
+
+device_env() {
+  export NCCL_NVLS_ENABLE=0
+  # cudarc looks for libnccl.so; the pip wheel ships libnccl.so.2 only.
+  mkdir -p /tmp/trainq-lib
+  ln -sf "$gpu_torch/../nvidia/nccl/lib/libnccl.so.2" /tmp/trainq-lib/libnccl.so
+  export LD_LIBRARY_PATH=$gpu_torch/lib:/tmp/trainq-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export OUT=${OUT:-/tmp/trainq-out}
+  mkdir -p "$OUT"
+}
+
+case "${1:-}" in
+  build)
+    env_file=$(bash ops/setup.sh)
+    # shellcheck disable=SC1090
+    source "$env_file"
+    cargo build --release --locked --bin trainq
+    mkdir -p .carry
+    cp target/release/trainq .carry/trainq
+    cp ../shared/bench/hf_peft_train.py .carry/ 2>/dev/null || cp /work/shared/bench/hf_peft_train.py .carry/
+    ls -la .carry
+    ;;
+  bench)
+    device_env
+    shift
+    nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader
+    ./.carry/trainq bench train --all "$@" | tee "$OUT/trainq.jsonl"
+    "$gpu_python" .carry/hf_peft_train.py --all | tee "$OUT/peer.jsonl"
+    "$gpu_python" ops/bench/compare.py "$OUT/trainq.jsonl" "$OUT/peer.jsonl" | tee "$OUT/table.md"
+    ;;
+  check)
+    device_env
+    shift
+    ./.carry/trainq bench check "$@" | tee "$OUT/check.jsonl"
+    ;;
+  *)
+    echo "usage: ops/gpu.sh build | bench [ARGS] | check [ARGS]" >&2
+    exit 2
+    ;;
+esac
