@@ -4,4 +4,5 @@
 
 pub mod assets;
 pub mod plot;
+pub mod sample;
 pub mod task;
