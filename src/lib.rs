@@ -26,4 +26,5 @@ pub mod train;
 pub mod worker;
 
 pub use config::TrainConfig;
+pub use db::migrate;
 pub use error::{Error, Result};
