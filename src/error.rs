@@ -79,6 +79,9 @@ pub enum Error {
     /// A collective (NCCL or the in-process test collective) failed.
     #[error("collective: {0}")]
     Collective(String),
+    /// The training engine thread stopped or refused a job.
+    #[error("training engine: {0}")]
+    Engine(String),
     /// Local file I/O failed.
     #[error("{path}: {source}")]
     Io {

@@ -4,5 +4,6 @@
 
 pub mod assets;
 pub mod plot;
+pub mod run;
 pub mod sample;
 pub mod task;

@@ -1,1 +1,158 @@
 //! The daemon loop: claim, filter, train, checkpoint, commit; graceful shutdown.
+//!
+//! [`run_worker`] loads the base model (and the latest committed checkpoint, to resume), then
+//! repeats [`step`]s: wait for pending groups (LISTEN with a poll fallback), claim a batch,
+//! drop the groups with nothing to learn, train on the engine thread while heartbeats keep the
+//! lease, upload the checkpoint, and commit the step fenced on the claim token.
+
+mod base_model;
+mod engine_thread;
+mod options;
+mod prepare;
+mod record;
+mod step;
+mod weights_io;
+
+pub use options::{default_worker_id, ConfigOverrides, WorkerOptions, DEFAULT_POLL_INTERVAL};
+pub use record::{summarize_trained, TrainedGroupsSummary};
+pub use step::StepOutcome;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::checkpoint::{apply_retention, fetch_checkpoint, FetchOptions, Store};
+use crate::db::models::get_model;
+use crate::db::steps::latest_checkpoint;
+use crate::db::workers::{heartbeat_worker, register_worker, WorkerInfo};
+use crate::error::Result;
+use crate::queue::{spawn_rescuer, GroupWaiter};
+use crate::tokenize::ChatTokenizer;
+use engine_thread::EngineHandle;
+use step::{run_step, StepContext};
+
+/// What a worker run did, for the caller (demo, tests) and the final log line.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkerSummary {
+    /// Steps committed.
+    pub steps: Vec<crate::db::steps::StepRecord>,
+    /// Passes where every claimed group was skipped.
+    pub all_skipped_passes: usize,
+    /// Steps given up (lost claim, errors, shutdown).
+    pub abandoned: usize,
+}
+
+/// Runs the worker until `cancel` fires, `max_steps` steps are committed, or it has been idle
+/// for `stop_when_idle_for`.
+pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: CancellationToken) -> Result<WorkerSummary> {
+    let model = get_model(pool, &opts.model).await?;
+    let cfg = opts.overrides.apply(model.config.clone());
+    cfg.validate()?;
+    let info = WorkerInfo {
+        id: opts.worker_id.clone(),
+        host: opts.worker_id.split(':').next().unwrap_or_default().to_string(),
+        model: Some(opts.model.clone()),
+        devices: serde_json::json!([device_name(opts.device)]),
+    };
+    register_worker(pool, &info).await?;
+    let store = Store::open(&opts.store_url)?;
+    let base_dir = base_model::resolve_base_model(&model.base, &opts.work_dir).await?;
+    let tokenizer = Arc::new(ChatTokenizer::from_dir(&base_dir)?);
+    let (mut engine_step, resume_dir) = stage_latest(pool, &store, opts).await?;
+    let engine = EngineHandle::start(&base_dir, &cfg, opts.device, resume_dir.as_deref()).await?;
+    tracing::info!(model = %opts.model, worker = %opts.worker_id, step = engine_step, "worker ready");
+
+    let rescuer = spawn_rescuer(pool.clone(), Duration::from_secs_f64(cfg.queue.lease_seconds as f64 / 4.0), cancel.clone());
+    let mut waiter = GroupWaiter::listen(pool, opts.poll_interval).await?;
+    let mut ctx = StepContext {
+        pool,
+        opts,
+        cfg: &cfg,
+        tokenizer,
+        engine: &engine,
+        store: &store,
+        cancel: &cancel,
+        committed_dir: resume_dir,
+    };
+    let mut summary = WorkerSummary::default();
+    let mut idle_since = Instant::now();
+    while !cancel.is_cancelled() && opts.max_steps.is_none_or(|n| (summary.steps.len() as u64) < n) {
+        heartbeat_worker(pool, &opts.worker_id).await?;
+        let current = get_model(pool, &opts.model).await?.current_step;
+        if current != engine_step {
+            // Another worker committed meanwhile: continue from its checkpoint.
+            let (step, dir) = stage_latest(pool, &store, opts).await?;
+            engine.restore(dir.as_deref()).await?;
+            (engine_step, ctx.committed_dir) = (step, dir);
+        }
+        match run_step(&mut ctx, current).await? {
+            StepOutcome::Idle => {
+                if opts.stop_when_idle_for.is_some_and(|limit| idle_since.elapsed() >= limit) {
+                    tracing::info!(model = %opts.model, "idle for {:?}: stopping", idle_since.elapsed());
+                    break;
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => break,
+                    woke = waiter.wait(&opts.model, opts.poll_interval) => { woke?; }
+                }
+                continue;
+            }
+            StepOutcome::AllSkipped { .. } => summary.all_skipped_passes += 1,
+            StepOutcome::Abandoned { .. } => summary.abandoned += 1,
+            StepOutcome::Committed(record) => {
+                engine_step = record.step;
+                log_step(&record);
+                match apply_retention(&store, &opts.model, &opts.retention).await {
+                    Ok(deleted) if !deleted.is_empty() => tracing::info!(model = %opts.model, ?deleted, "retention removed checkpoints"),
+                    Ok(_) => {}
+                    Err(err) => tracing::warn!(model = %opts.model, "retention failed: {err}"),
+                }
+                summary.steps.push(*record);
+            }
+        }
+        idle_since = Instant::now();
+    }
+    cancel.cancel();
+    let _ = rescuer.await;
+    Ok(summary)
+}
+
+/// Downloads the model's latest committed checkpoint into the work directory, if it has one;
+/// returns its step (0 for none) and the local directory.
+async fn stage_latest(pool: &PgPool, store: &Store, opts: &WorkerOptions) -> Result<(i64, Option<PathBuf>)> {
+    let Some(latest) = latest_checkpoint(pool, &opts.model).await? else {
+        return Ok((0, None));
+    };
+    let dir = opts.work_dir.join("checkpoints").join(format!("{:06}", latest.step));
+    if !dir.join(crate::checkpoint::MANIFEST_FILE).is_file() {
+        let options = FetchOptions { replace_existing: true, ..FetchOptions::default() };
+        fetch_checkpoint(store, &opts.model, latest.step as u64, &dir, &options, &|_| {}).await?;
+    }
+    Ok((latest.step, Some(dir)))
+}
+
+/// `cpu` or `cuda:N`.
+pub fn device_name(device: tch::Device) -> String {
+    match device {
+        tch::Device::Cuda(n) => format!("cuda:{n}"),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+fn log_step(r: &crate::db::steps::StepRecord) {
+    tracing::info!(
+        model = %r.model,
+        step = r.step,
+        groups = r.groups_trained,
+        skipped = %r.groups_skipped,
+        tokens = r.tokens,
+        loss = r.loss.unwrap_or(f64::NAN),
+        reward = r.reward_mean.unwrap_or(f64::NAN),
+        lag = ?(r.policy_lag_min, r.policy_lag_max),
+        "step committed: {}",
+        r.checkpoint_uri.as_deref().unwrap_or("-")
+    );
+}

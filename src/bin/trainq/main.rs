@@ -1,5 +1,8 @@
 //! The `trainq` command line: migrations, models, submission, status, workers, demo, benchmarks.
 
+mod demo;
+mod worker;
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
@@ -12,7 +15,12 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Run the training worker for one model (the daemon of GPU boxes).
+    Worker(worker::WorkerArgs),
+    /// Run the whole loop locally: tiny model, toy task, local PostgreSQL, file:// store.
+    Demo(demo::DemoArgs),
+}
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -23,5 +31,8 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Worker(args) => worker::run(args),
+        Command::Demo(args) => demo::run(args),
+    }
 }

@@ -1,0 +1,248 @@
+//! The demo's driver: fresh database, tiny model, worker task and toy environment, then the
+//! reward-per-step table and plot.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rand::SeedableRng;
+use serde_json::json;
+use sqlx::PgPool;
+use tch::Device;
+use tokio_util::sync::CancellationToken;
+
+use super::{assets, sample, task};
+use crate::checkpoint::{fetch_checkpoint, FetchOptions, Store};
+use crate::config::{LoraConfig, TrainConfig};
+use crate::db::groups::{queue_counts, submit_group, NewGroup};
+use crate::db::models::{create_model, get_model, NewModel};
+use crate::error::{Error, Result};
+use crate::model::Policy;
+use crate::tokenize::{ChatTokenizer, RenderRequest};
+use crate::worker::{run_worker, WorkerOptions, WorkerSummary};
+
+/// Name of the demo's model and database.
+pub const DEMO_NAME: &str = "trainq_demo";
+
+/// What the demo runs.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Server URL; the demo creates (and recreates) its own database `trainq_demo` there.
+    pub database_url: String,
+    /// Directory for the tiny model, the `file://` store and the outputs.
+    pub work_dir: PathBuf,
+    /// Training steps.
+    pub steps: u64,
+    /// Groups sampled per step.
+    pub groups_per_step: usize,
+    /// Completions per group.
+    pub group_size: usize,
+    /// Seed of the model's initialization and of sampling.
+    pub seed: u64,
+}
+
+/// One row of the final table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DemoRow {
+    /// Checkpoint the groups were sampled from.
+    pub policy_version: i64,
+    /// Mean reward of everything sampled from it.
+    pub reward_mean: f64,
+    /// Loss of the step trained on those groups (None when none trained).
+    pub loss: Option<f64>,
+}
+
+/// Runs the demo; returns the reward per checkpoint and writes `reward.svg` into `work_dir`.
+pub async fn run_demo(opts: &DemoOptions) -> Result<(Vec<DemoRow>, PathBuf)> {
+    let url = crate::db::databases::recreate_database(&opts.database_url, DEMO_NAME).await?;
+    let pool = PgPool::connect(&url).await.map_err(Error::db("connect to the demo database"))?;
+    crate::migrate(&pool).await?;
+    let _ = std::fs::remove_dir_all(&opts.work_dir);
+    let model_dir = opts.work_dir.join("model");
+    build_tiny_model(&model_dir, opts.seed as i64)?;
+    create_model(&pool, &NewModel { config: demo_config(opts), ..NewModel::new(DEMO_NAME, model_dir.display().to_string()) })
+        .await?;
+    let store_dir = opts.work_dir.join("store");
+    std::fs::create_dir_all(&store_dir).map_err(Error::io(&store_dir))?;
+    let store_url = format!("file://{}", std::fs::canonicalize(&store_dir).map_err(Error::io(&store_dir))?.display());
+
+    let mut worker_opts = WorkerOptions::new(DEMO_NAME, &store_url, Device::Cpu);
+    worker_opts.work_dir = opts.work_dir.join("worker");
+    worker_opts.max_steps = Some(opts.steps);
+    worker_opts.poll_interval = Duration::from_millis(200);
+    let cancel = CancellationToken::new();
+    let worker = {
+        let (pool, cancel) = (pool.clone(), cancel.clone());
+        tokio::spawn(async move { run_worker(&pool, &worker_opts, cancel).await })
+    };
+    let env = Environment::new(&model_dir, Store::open(&store_url)?, opts)?;
+    let sampled = env.run(&pool, opts, &worker).await;
+    if sampled.is_err() {
+        cancel.cancel();
+    }
+    let summary: WorkerSummary = worker.await.map_err(|e| Error::Engine(format!("worker task: {e}")))??;
+    let rows = table_rows(&sampled?, &summary);
+    let plot = opts.work_dir.join("reward.svg");
+    let points: Vec<(i64, f64)> = rows.iter().map(|r| (r.policy_version, r.reward_mean)).collect();
+    let svg = super::plot::reward_svg("trainq demo: mean reward per checkpoint", &points);
+    std::fs::write(&plot, svg).map_err(Error::io(&plot))?;
+    Ok((rows, plot))
+}
+
+fn demo_config(opts: &DemoOptions) -> TrainConfig {
+    let mut cfg = TrainConfig {
+        lora: Some(LoraConfig { rank: 8, alpha: 32.0, ..LoraConfig::default() }),
+        max_seq_len: 64,
+        max_tokens_per_micro_batch: 1024,
+        ..TrainConfig::default()
+    };
+    cfg.optimizer.learning_rate = 3e-2;
+    cfg.optimizer.weight_decay = 0.0;
+    cfg.queue.groups_per_step = opts.groups_per_step;
+    cfg.queue.lease_seconds = 60;
+    cfg
+}
+
+/// Writes config.json, tokenizer files and random weights of a tiny Qwen3-shaped model.
+pub fn build_tiny_model(dir: &Path, seed: i64) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+    assets::write_tokenizer(dir)?;
+    let cfg = crate::model::tiny_qwen3_config(assets::VOCAB_SIZE);
+    let policy = Policy::from_config(&cfg, None, Device::Cpu, seed)?;
+    crate::checkpoint::save_hf_model(&policy, dir)
+}
+
+/// The toy environment: samples from the latest checkpoint and submits groups over SQL.
+struct Environment {
+    model_dir: PathBuf,
+    store: Store,
+    tokenizer: ChatTokenizer,
+    eos: i64,
+    rng: rand::rngs::StdRng,
+}
+
+impl Environment {
+    fn new(model_dir: &Path, store: Store, opts: &DemoOptions) -> Result<Self> {
+        let tokenizer = ChatTokenizer::from_dir(model_dir)?;
+        let eos = tokenizer
+            .tokenizer()
+            .token_to_id("<|im_end|>")
+            .ok_or_else(|| Error::Tokenize("demo tokenizer has no <|im_end|>".into()))? as i64;
+        let rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
+        Ok(Environment { model_dir: model_dir.to_path_buf(), store, tokenizer, eos, rng })
+    }
+
+    /// For each checkpoint 0..steps: sample, submit, wait for the next checkpoint. Returns the
+    /// mean sampled reward per checkpoint.
+    async fn run(
+        mut self,
+        pool: &PgPool,
+        opts: &DemoOptions,
+        worker: &tokio::task::JoinHandle<Result<WorkerSummary>>,
+    ) -> Result<Vec<(i64, f64)>> {
+        let started = Instant::now();
+        let mut rewards_per_version = Vec::new();
+        let mut version = 0;
+        while (version as u64) < opts.steps {
+            let policy = self.load_policy(pool, version).await?;
+            let mut rewards = Vec::new();
+            for g in 0..opts.groups_per_step {
+                let prompt = task::PROMPTS[(version as usize + g) % task::PROMPTS.len()];
+                let (trajectories, r) = self.sample_group(&policy, prompt, opts.group_size)?;
+                rewards.extend(r);
+                let group = NewGroup {
+                    model: DEMO_NAME.into(),
+                    trajectories,
+                    policy_version: Some(version),
+                    metadata: json!({"env": "digits"}),
+                };
+                submit_group(pool, &group).await?;
+            }
+            let mean = rewards.iter().sum::<f64>() / rewards.len().max(1) as f64;
+            eprintln!(
+                "[demo] checkpoint {version:>3}: sampled {} groups, mean reward {mean:.3}  ({:.1}s)",
+                opts.groups_per_step,
+                started.elapsed().as_secs_f64()
+            );
+            rewards_per_version.push((version, mean));
+            version = wait_for_next_checkpoint(pool, version, worker).await?;
+        }
+        Ok(rewards_per_version)
+    }
+
+    async fn load_policy(&self, pool: &PgPool, version: i64) -> Result<Policy> {
+        let lora = get_model(pool, DEMO_NAME).await?.config.lora;
+        let mut policy = Policy::load(&self.model_dir, lora.as_ref(), Device::Cpu)?;
+        if version > 0 {
+            let dir = self.model_dir.with_file_name("env").join(format!("{version:06}"));
+            let options = FetchOptions { replace_existing: true, ..FetchOptions::default() };
+            fetch_checkpoint(&self.store, DEMO_NAME, version as u64, &dir, &options, &|_| {}).await?;
+            crate::checkpoint::load_adapter(&mut policy, &dir)?;
+        }
+        Ok(policy)
+    }
+
+    fn sample_group(&mut self, policy: &Policy, prompt: &str, n: usize) -> Result<(serde_json::Value, Vec<f64>)> {
+        let messages = vec![json!({"role": "user", "content": prompt})];
+        let text = self.tokenizer.render(RenderRequest { messages: &messages, tools: None, add_generation_prompt: true })?;
+        let encoding = self.tokenizer.tokenizer().encode(text, false).map_err(|e| Error::Tokenize(e.to_string()))?;
+        let prompt_ids: Vec<i64> = encoding.get_ids().iter().map(|&i| i as i64).collect();
+        let last_logits = |ids: &tch::Tensor| {
+            let (b, l) = ids.size2().map_err(Error::torch("sample batch shape"))?;
+            let positions = tch::Tensor::arange(l, (tch::Kind::Int64, Device::Cpu)).unsqueeze(0).repeat([b, 1]);
+            let logits = tch::no_grad(|| policy.logits(ids, &positions))?;
+            Ok(logits.select(1, l - 1))
+        };
+        let completions =
+            sample::sample_completions(last_logits, &prompt_ids, n, task::SCORED_CHARS + 1, self.eos, &mut self.rng)?;
+        let mut trajectories = Vec::new();
+        let mut rewards = Vec::new();
+        for c in completions {
+            let visible: Vec<u32> = c.ids.iter().filter(|&&t| t != self.eos).map(|&t| t as u32).collect();
+            let content = self.tokenizer.tokenizer().decode(&visible, true).map_err(|e| Error::Tokenize(e.to_string()))?;
+            let reward = task::reward(&content);
+            rewards.push(reward);
+            trajectories.push(json!({
+                "messages": [
+                    {"role": "user", "content": prompt},
+                    {"role": "assistant", "content": content, "token_ids": c.ids, "logprobs": c.logprobs},
+                ],
+                "reward": reward,
+            }));
+        }
+        Ok((serde_json::Value::Array(trajectories), rewards))
+    }
+}
+
+/// Waits until the worker commits checkpoint `version + 1` (returns it), or until every group of
+/// this version was skipped without a step (returns `version`: sample again).
+async fn wait_for_next_checkpoint(
+    pool: &PgPool,
+    version: i64,
+    worker: &tokio::task::JoinHandle<Result<WorkerSummary>>,
+) -> Result<i64> {
+    loop {
+        let current = get_model(pool, DEMO_NAME).await?.current_step;
+        if current > version {
+            return Ok(current);
+        }
+        let counts = queue_counts(pool, Some(DEMO_NAME)).await?;
+        if counts.iter().all(|c| c.pending + c.claimed == 0) {
+            return Ok(version);
+        }
+        if worker.is_finished() {
+            return Err(Error::Engine("the worker stopped before the demo finished".into()));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn table_rows(sampled: &[(i64, f64)], summary: &WorkerSummary) -> Vec<DemoRow> {
+    sampled
+        .iter()
+        .map(|&(version, reward_mean)| DemoRow {
+            policy_version: version,
+            reward_mean,
+            loss: summary.steps.iter().find(|s| s.step == version + 1).and_then(|s| s.loss),
+        })
+        .collect()
+}

@@ -1,0 +1,54 @@
+//! Pure summaries of a step's trained groups for its `trainq.steps` row: reward mean, the mean
+//! of each group's own reward std, and the policy lag the step actually saw.
+
+use crate::rl::advantages::{mean, population_std};
+
+/// What the step record says about the trained groups' rewards and ages.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct TrainedGroupsSummary {
+    /// Mean reward over every trained trajectory.
+    pub reward_mean: Option<f64>,
+    /// Mean over trained groups of each group's own population reward std.
+    pub reward_std_mean: Option<f64>,
+    /// Smallest `step − policy_version` among trained groups with a known version.
+    pub policy_lag_min: Option<i64>,
+    /// Largest `step − policy_version` among trained groups with a known version.
+    pub policy_lag_max: Option<i64>,
+}
+
+/// Summarizes trained groups given as (rewards, policy_version), for a step that starts from
+/// checkpoint `current_step` (the lag of a group sampled from it is 0).
+pub fn summarize_trained(groups: &[(Vec<f64>, Option<i64>)], current_step: i64) -> TrainedGroupsSummary {
+    if groups.is_empty() {
+        return TrainedGroupsSummary::default();
+    }
+    let all: Vec<f64> = groups.iter().flat_map(|(r, _)| r.iter().copied()).collect();
+    let stds: Vec<f64> = groups.iter().map(|(r, _)| population_std(r)).collect();
+    let lags: Vec<i64> = groups.iter().filter_map(|(_, v)| v.map(|v| current_step - v)).collect();
+    TrainedGroupsSummary {
+        reward_mean: Some(mean(&all)),
+        reward_std_mean: Some(mean(&stds)),
+        policy_lag_min: lags.iter().copied().min(),
+        policy_lag_max: lags.iter().copied().max(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rewards_and_lags_are_summarized_per_group() {
+        let groups = vec![(vec![0.0, 1.0], Some(5)), (vec![1.0, 1.0, 0.0, 0.0], Some(3)), (vec![2.0, 4.0], None)];
+        let s = summarize_trained(&groups, 5);
+        assert!((s.reward_mean.unwrap() - 9.0 / 8.0).abs() < 1e-12);
+        // Own stds: 0.5, 0.5, 1.0.
+        assert!((s.reward_std_mean.unwrap() - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!((s.policy_lag_min, s.policy_lag_max), (Some(0), Some(2)));
+    }
+
+    #[test]
+    fn no_trained_groups_means_nothing_to_report() {
+        assert_eq!(summarize_trained(&[], 3), TrainedGroupsSummary::default());
+    }
+}

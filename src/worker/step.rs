@@ -1,0 +1,233 @@
+//! One worker step, in the order of DESIGN §3: claim → filter → train → checkpoint → commit,
+//! every write after the claim fenced on its token. Any failure before the commit gives the
+//! groups back (attempts + 1) and puts the engine back on the last committed weights.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use serde_json::json;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use super::engine_thread::EngineHandle;
+use super::options::WorkerOptions;
+use super::prepare::{prepare_step, PreparedStep};
+use super::record::summarize_trained;
+use crate::checkpoint::{upload_checkpoint, Store, UploadOptions, UploadedCheckpoint};
+use crate::config::TrainConfig;
+use crate::db::claims::{claim_groups, release_groups, skip_groups, Claim, ClaimParams};
+use crate::db::steps::{commit_step, CheckpointRecord, StepRecord};
+use crate::error::{Error, Result};
+use crate::queue::spawn_lease_heartbeat;
+use crate::tokenize::ChatTokenizer;
+use crate::train::StepMetrics;
+
+/// What one pass of the loop did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepOutcome {
+    /// Nothing was pending.
+    Idle,
+    /// Every claimed group was filtered out: no step was taken.
+    AllSkipped {
+        /// Groups skipped.
+        groups: usize,
+    },
+    /// A step was trained, uploaded and committed.
+    Committed(Box<StepRecord>),
+    /// The step was given up (lost claim, shutdown or error); its groups went back or on.
+    Abandoned {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Everything a step needs that outlives it.
+pub(crate) struct StepContext<'a> {
+    pub pool: &'a PgPool,
+    pub opts: &'a WorkerOptions,
+    pub cfg: &'a TrainConfig,
+    pub tokenizer: Arc<ChatTokenizer>,
+    pub engine: &'a EngineHandle,
+    pub store: &'a Store,
+    pub cancel: &'a CancellationToken,
+    /// The last committed checkpoint, staged locally (None: the base weights).
+    pub committed_dir: Option<PathBuf>,
+}
+
+/// Claims and runs one step of the model whose current step is `current_step`.
+pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current_step: i64) -> Result<StepOutcome> {
+    let started_at = Utc::now();
+    let clock = Instant::now();
+    let claim = claim_groups(
+        ctx.pool,
+        &ClaimParams {
+            model: ctx.opts.model.clone(),
+            worker_id: ctx.opts.worker_id.clone(),
+            limit: ctx.cfg.queue.groups_per_step as i64,
+            lease_seconds: ctx.cfg.queue.lease_seconds as f64,
+            now: None,
+        },
+    )
+    .await?;
+    if claim.groups.is_empty() {
+        return Ok(StepOutcome::Idle);
+    }
+    let lease = ctx.cfg.queue.lease_seconds as f64;
+    let heartbeat = spawn_lease_heartbeat(ctx.pool.clone(), claim.token, lease, Duration::from_secs_f64(lease / 3.0));
+    let claim_s = clock.elapsed().as_secs_f64();
+    let outcome = match prepare_and_train(ctx, &claim, current_step, started_at, claim_s).await {
+        Ok(outcome) => outcome,
+        Err(err) => abandon(ctx, &claim, err).await?,
+    };
+    let _ = heartbeat.stop().await;
+    Ok(outcome)
+}
+
+async fn prepare_and_train(
+    ctx: &mut StepContext<'_>,
+    claim: &Claim,
+    current_step: i64,
+    started_at: chrono::DateTime<Utc>,
+    claim_s: f64,
+) -> Result<StepOutcome> {
+    let clock = Instant::now();
+    let (groups, cfg, tokenizer) = (claim.groups.clone(), ctx.cfg.clone(), ctx.tokenizer.clone());
+    let prepared = tokio::task::spawn_blocking(move || prepare_step(&groups, &cfg, current_step, &tokenizer))
+        .await
+        .map_err(|e| Error::Engine(format!("tokenizer task: {e}")))??;
+    let prepare_s = clock.elapsed().as_secs_f64();
+    tracing::info!(model = %ctx.opts.model, step = current_step + 1, "{}", prepared.report);
+    if prepared.report.kept.is_empty() {
+        skip_groups(ctx.pool, claim.token, &prepared.report.skipped).await?;
+        tracing::info!(
+            model = %ctx.opts.model,
+            "no step taken: all {} claimed group(s) were skipped; waiting for more",
+            claim.groups.len()
+        );
+        return Ok(StepOutcome::AllSkipped { groups: claim.groups.len() });
+    }
+    ensure_running(ctx)?;
+
+    let clock = Instant::now();
+    let metrics = ctx.engine.train(prepared.batches.clone()).await?;
+    let train_s = clock.elapsed().as_secs_f64();
+    ensure_running(ctx)?;
+
+    let step = current_step + 1;
+    let clock = Instant::now();
+    let staged = ctx.opts.work_dir.join("staging").join(format!("{step:06}"));
+    let _ = std::fs::remove_dir_all(&staged);
+    std::fs::create_dir_all(&staged).map_err(Error::io(&staged))?;
+    let format = ctx.engine.save(&staged).await?;
+    let save_s = clock.elapsed().as_secs_f64();
+
+    let clock = Instant::now();
+    let uploaded = upload_with_retry(ctx, step, format, &staged).await?;
+    let upload_s = clock.elapsed().as_secs_f64();
+
+    let timings = json!({"claim": claim_s, "prepare": prepare_s, "train": train_s, "save": save_s, "upload": upload_s});
+    let record = step_record(ctx, claim, &prepared, &metrics, step, started_at, timings, &uploaded);
+    let checkpoint = CheckpointRecord {
+        model: ctx.opts.model.clone(),
+        step,
+        uri: uploaded.uri.clone(),
+        format: format.as_str().to_string(),
+        bytes: uploaded.total_bytes as i64,
+        sha256: uploaded.manifest_sha256.clone(),
+        manifest: serde_json::to_value(&uploaded.manifest).map_err(Error::json("manifest"))?,
+    };
+    let clock = Instant::now();
+    commit_step(ctx.pool, &record, Some(&checkpoint), claim.token, &prepared.report.kept, &prepared.report.skipped)
+        .await?;
+    let mut record = record;
+    record.timings["commit"] = json!(clock.elapsed().as_secs_f64());
+    ctx.committed_dir = Some(staged);
+    Ok(StepOutcome::Committed(Box::new(record)))
+}
+
+fn ensure_running(ctx: &StepContext<'_>) -> Result<()> {
+    if ctx.cancel.is_cancelled() {
+        return Err(Error::Engine("worker shutting down".into()));
+    }
+    Ok(())
+}
+
+/// Uploads the staged checkpoint, retrying while the store is unreachable (the claim's lease is
+/// kept alive meanwhile); gives up only on shutdown.
+async fn upload_with_retry(
+    ctx: &StepContext<'_>,
+    step: i64,
+    format: crate::checkpoint::CheckpointFormat,
+    staged: &std::path::Path,
+) -> Result<UploadedCheckpoint> {
+    let options = UploadOptions::default();
+    loop {
+        match upload_checkpoint(ctx.store, &ctx.opts.model, step as u64, format, staged, &options).await {
+            Ok(uploaded) => return Ok(uploaded),
+            Err(err) => {
+                tracing::warn!(model = %ctx.opts.model, step, "upload failed, retrying: {err}");
+                tokio::select! {
+                    _ = ctx.cancel.cancelled() => return Err(err),
+                    _ = tokio::time::sleep(ctx.opts.upload_retry_pause) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Gives the claim's groups back after `err` and resets the engine to the committed weights.
+async fn abandon(ctx: &StepContext<'_>, claim: &Claim, err: Error) -> Result<StepOutcome> {
+    let reason = err.to_string();
+    tracing::warn!(model = %ctx.opts.model, "step abandoned: {reason}");
+    let ids: Vec<_> = claim.groups.iter().map(|g| g.id).collect();
+    match release_groups(ctx.pool, claim.token, &ids, &reason).await {
+        Ok(()) | Err(Error::LostClaim { .. }) => {}
+        Err(e) => tracing::warn!("could not release claim {}: {e} (the rescuer will)", claim.token),
+    }
+    ctx.engine.restore(ctx.committed_dir.as_deref()).await?;
+    Ok(StepOutcome::Abandoned { reason })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn step_record(
+    ctx: &StepContext<'_>,
+    claim: &Claim,
+    prepared: &PreparedStep,
+    metrics: &StepMetrics,
+    step: i64,
+    started_at: chrono::DateTime<Utc>,
+    timings: serde_json::Value,
+    uploaded: &UploadedCheckpoint,
+) -> StepRecord {
+    let summary = summarize_trained(&prepared.trained, step - 1);
+    StepRecord {
+        model: ctx.opts.model.clone(),
+        step,
+        worker_id: ctx.opts.worker_id.clone(),
+        async_weight_syncing: ctx.cfg.queue.async_weight_syncing,
+        started_at,
+        finished_at: Utc::now(),
+        groups_claimed: claim.groups.len() as i32,
+        groups_trained: prepared.report.kept.len() as i32,
+        groups_skipped: prepared.report.counts_json(),
+        trajectories: prepared.trajectories as i32,
+        tokens: prepared.tokens as i64,
+        loss: Some(metrics.loss),
+        loss_parts: json!({
+            "policy_loss": metrics.policy_loss, "kl": metrics.kl, "clip_fraction": metrics.clip_fraction,
+            "mean_ratio": metrics.mean_ratio, "micro_batches": metrics.micro_batches,
+        }),
+        grad_norm: Some(metrics.grad_norm),
+        learning_rate: Some(metrics.lr),
+        reward_mean: summary.reward_mean,
+        reward_std_mean: summary.reward_std_mean,
+        policy_lag_min: summary.policy_lag_min,
+        policy_lag_max: summary.policy_lag_max,
+        timings,
+        devices: json!([super::device_name(ctx.opts.device)]),
+        checkpoint_uri: Some(uploaded.uri.clone()),
+        checkpoint_sha256: Some(uploaded.manifest_sha256.clone()),
+    }
+}
