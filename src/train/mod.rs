@@ -1,1 +1,32 @@
 //! One synchronized optimizer step over all ranks.
+//!
+//! [`Trainer::step`] runs the forward/backward of every packed micro-batch through a
+//! [`PolicyModel`], accumulating gradients of one globally normalized policy loss
+//! ([`crate::model::loss`]), clips the global gradient norm and applies [`AdamW`]. Data-parallel
+//! callers use its parts: [`Trainer::normalizer`] summed over ranks,
+//! [`Trainer::accumulate_gradients`], their all-reduce, then [`Trainer::apply_gradients`].
+
+pub mod adamw;
+pub mod batch_tensors;
+pub mod trainer;
+
+pub use adamw::{clip_grad_norm, AdamW};
+pub use batch_tensors::{to_tensors, MicroBatchTensors};
+pub use trainer::{LossTotals, StepMetrics, Trainer};
+
+use tch::Tensor;
+
+use crate::error::Result;
+
+/// What the trainer needs from a model (the engine's policy implements it).
+pub trait PolicyModel {
+    /// Log-prob of each target under the model: inputs are i64 `[B, L]` (input ids, position
+    /// ids restarting at 0 per packed document, next-token targets); output f32 `[B, L]`.
+    fn token_logprobs(&self, input_ids: &Tensor, position_ids: &Tensor, targets: &Tensor) -> Result<Tensor>;
+
+    /// The tensors the optimizer updates (LoRA A/B, or every weight), in a stable order.
+    fn trainable_variables(&self) -> Vec<Tensor>;
+
+    /// Turns the LoRA adapters off (the base model, the KL reference) or back on.
+    fn set_lora_enabled(&mut self, enabled: bool);
+}

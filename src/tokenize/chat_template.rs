@@ -1,0 +1,208 @@
+//! A Hugging Face chat template (`tokenizer_config.json`'s `chat_template`) rendered with minijinja.
+//!
+//! The environment mirrors transformers' `ImmutableSandboxedEnvironment(trim_blocks=True,
+//! lstrip_blocks=True)`: Python string methods through minijinja-contrib's pycompat
+//! (`.startswith`, `.split`, `.strip`, …), `raise_exception`, `strftime_now`, and a `tojson`
+//! that writes exactly what Python's `json.dumps(x, ensure_ascii=False)` writes (`", "` and
+//! `": "` separators, no HTML escaping, keys in their given order).
+
+use minijinja::syntax::SyntaxConfig;
+use minijinja::value::Serde;
+use minijinja::{Environment, Error as JinjaError, ErrorKind, Value};
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// A compiled chat template plus the special tokens it may refer to.
+#[derive(Debug)]
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+/// What one render call gets: the OpenAI-format messages, optional tool schemas.
+#[derive(Debug, Clone, Copy)]
+pub struct RenderRequest<'a> {
+    /// OpenAI-format messages (role, content, tool_calls, …).
+    pub messages: &'a [serde_json::Value],
+    /// OpenAI-format tool schemas, or `None`.
+    pub tools: Option<&'a serde_json::Value>,
+    /// Append the assistant header that starts a generation.
+    pub add_generation_prompt: bool,
+}
+
+impl ChatTemplate {
+    /// Compiles `source` (the Jinja text of `chat_template`); the tokens fill `bos_token` and
+    /// `eos_token` in the template's context.
+    pub fn new(source: &str, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
+        let mut env = Environment::new();
+        let syntax = SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .map_err(|e| Error::Tokenize(format!("chat template syntax config: {e}")))?;
+        env.set_syntax(syntax);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_filter("tojson", python_tojson);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned(TEMPLATE_NAME, source.to_string())
+            .map_err(|e| Error::Tokenize(format!("chat template does not compile: {e:#}")))?;
+        Ok(Self { env, bos_token, eos_token })
+    }
+
+    /// The end-of-sequence token text (`eos_token` of tokenizer_config.json), if any.
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// Renders messages to the text the model sees.
+    pub fn render(&self, request: RenderRequest<'_>) -> Result<String> {
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| Error::Tokenize(format!("chat template: {e}")))?;
+        let messages: Vec<serde_json::Value> = request.messages.iter().map(normalize_message).collect();
+        let context = minijinja::context! {
+            messages => Value::from(Serde(&messages)),
+            tools => request.tools.filter(|t| !t.is_null()).map(|t| Value::from(Serde(t))),
+            add_generation_prompt => request.add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        };
+        template
+            .render(context)
+            .map_err(|e| Error::Tokenize(format!("rendering the chat template failed: {e:#}")))
+    }
+}
+
+/// Makes a message safe for templates that treat `content` as a string: `null` content becomes
+/// `""` (OpenAI sends null next to tool calls; Python Jinja would fail on `'x' in None`), and a
+/// list of text parts becomes their concatenated text. Sampler fields are left in place.
+fn normalize_message(message: &serde_json::Value) -> serde_json::Value {
+    let mut message = message.clone();
+    if let Some(obj) = message.as_object_mut() {
+        let content = obj.get("content").cloned().unwrap_or(serde_json::Value::Null);
+        let text = match content {
+            serde_json::Value::Null => Some(String::new()),
+            serde_json::Value::Array(parts) if parts.iter().all(is_text_part) => {
+                Some(parts.iter().filter_map(|p| p.get("text")?.as_str()).collect::<String>())
+            }
+            _ => None,
+        };
+        if let Some(text) = text {
+            obj.insert("content".into(), serde_json::Value::String(text));
+        }
+    }
+    message
+}
+
+fn is_text_part(part: &serde_json::Value) -> bool {
+    part.get("type").and_then(|t| t.as_str()) == Some("text") && part.get("text").is_some_and(|t| t.is_string())
+}
+
+/// `tojson` as transformers defines it: `json.dumps(x, ensure_ascii=False, indent=indent)`.
+fn python_tojson(value: &Value, kwargs: minijinja::value::Kwargs) -> std::result::Result<Value, JinjaError> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let _: Option<bool> = kwargs.get("ensure_ascii")?;
+    let _: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut out = Vec::new();
+    let written = match indent {
+        Some(width) => {
+            let spaces = vec![b' '; width];
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, serde_json::ser::PrettyFormatter::with_indent(&spaces));
+            value.serialize(&mut ser)
+        }
+        None => {
+            let mut ser = serde_json::Serializer::with_formatter(&mut out, PythonJsonFormatter);
+            value.serialize(&mut ser)
+        }
+    };
+    written.map_err(|e| JinjaError::new(ErrorKind::BadSerialization, format!("tojson: {e}")))?;
+    let text = String::from_utf8(out).map_err(|e| JinjaError::new(ErrorKind::BadSerialization, e.to_string()))?;
+    Ok(Value::from_safe_string(text))
+}
+
+/// serde_json formatter with Python's default separators `", "` and `": "`.
+struct PythonJsonFormatter;
+
+impl serde_json::ser::Formatter for PythonJsonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, writer: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, writer: &mut W) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
+fn raise_exception(message: String) -> std::result::Result<Value, JinjaError> {
+    Err(JinjaError::new(ErrorKind::InvalidOperation, format!("the chat template refused the input: {message}")))
+}
+
+fn strftime_now(format: String) -> String {
+    chrono::Local::now().format(&format).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn render(source: &str, messages: serde_json::Value) -> Result<String> {
+        let template = ChatTemplate::new(source, Some("<s>".into()), Some("</s>".into()))?;
+        let messages = messages.as_array().unwrap().clone();
+        template.render(RenderRequest { messages: &messages, tools: None, add_generation_prompt: false })
+    }
+
+    #[test]
+    fn tojson_writes_python_json_dumps_output() {
+        let out = render(
+            "{{ messages[0].args | tojson }}",
+            json!([{"role": "user", "args": {"b": "<it's> é", "a": [1, 2.5, null, true]}}]),
+        )
+        .unwrap();
+        assert_eq!(out, r#"{"b": "<it's> é", "a": [1, 2.5, null, true]}"#);
+    }
+
+    #[test]
+    fn python_string_methods_and_raise_exception_work() {
+        let source = "{% for m in messages %}{% if not m.content.startswith('x') %}{{ raise_exception('bad ' + m.role) }}{% endif %}{{ m.content.split('-')[-1] | upper }}{% endfor %}";
+        assert_eq!(render(source, json!([{"role": "user", "content": "x-ok"}])).unwrap(), "OK");
+        let err = render(source, json!([{"role": "user", "content": "y"}])).unwrap_err();
+        assert!(err.to_string().contains("bad user"), "{err}");
+    }
+
+    #[test]
+    fn null_content_and_text_parts_become_strings() {
+        let source = "{% for m in messages %}[{{ m.content }}]{% endfor %}";
+        let out = render(
+            source,
+            json!([{"role": "assistant", "content": null}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]),
+        )
+        .unwrap();
+        assert_eq!(out, "[][ab]");
+    }
+
+    #[test]
+    fn blocks_are_trimmed_like_transformers() {
+        let source = "{% for m in messages %}\n    {{- m.content }}\n{% endfor %}\n";
+        assert_eq!(render(source, json!([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}])).unwrap(), "a\nb\n");
+    }
+}

@@ -1,0 +1,50 @@
+"""transformers reference for trainq's chat tokenization (tests/tokenize_chat_template.rs).
+
+Usage: chat_template_ref.py TOKENIZER_DIR CONVERSATION.json OUT.json
+
+Renders and tokenizes the conversation ({"messages": [...], "tools": [...]}) with
+AutoTokenizer.apply_chat_template(tokenize=True), exactly as a Hugging Face user would. Qwen3's
+template has no {% generation %} blocks, so return_assistant_tokens_mask is unavailable; the
+reference mask is found independently of trainq's prefix-render method, by locating assistant
+spans in the token ids: every token after an "<|im_start|>assistant\\n" header up to and
+including the next "<|im_end|>" is an assistant token.
+"""
+import json
+import sys
+
+from transformers import AutoTokenizer
+
+
+def assistant_mask(ids, header, end_id):
+    mask = [False] * len(ids)
+    i = 0
+    while i < len(ids):
+        if ids[i:i + len(header)] == header:
+            j = i + len(header)
+            while j < len(ids) and ids[j] != end_id:
+                mask[j] = True
+                j += 1
+            if j < len(ids):
+                mask[j] = True
+            i = j + 1
+        else:
+            i += 1
+    return mask
+
+
+def main():
+    tok_dir, conversation, out = sys.argv[1:4]
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    conv = json.load(open(conversation))
+    text = tok.apply_chat_template(conv["messages"], tools=conv.get("tools"), tokenize=False)
+    ids = tok.apply_chat_template(conv["messages"], tools=conv.get("tools"), tokenize=True)
+    if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    ids = list(ids)
+    header = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
+    end_id = tok.convert_tokens_to_ids("<|im_end|>")
+    json.dump({"text": text, "ids": ids, "mask": assistant_mask(ids, header, end_id)}, open(out, "w"))
+
+
+if __name__ == "__main__":
+    main()

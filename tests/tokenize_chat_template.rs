@@ -1,0 +1,109 @@
+//! Our chat tokenization of a multi-turn tool-calling conversation equals transformers'
+//! `apply_chat_template` with the real Qwen3 tokenizer, token for token, with the right
+//! assistant mask (reference: tests/reference/chat_template_ref.py run with $TRAINQ_PYTHON).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::{json, Value};
+use trainq::tokenize::{ChatTokenizer, TokenizeError, Trajectory};
+
+fn qwen3_dir() -> PathBuf {
+    PathBuf::from(std::env::var("TRAINQ_QWEN3_TOKENIZER").expect("TRAINQ_QWEN3_TOKENIZER is set by ops/setup.sh's env file"))
+}
+
+fn conversation() -> Value {
+    json!({
+        "tools": [
+            {"type": "function", "function": {"name": "get_weather", "description": "Today's weather for a city (°C) — use it <always>",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}},
+            {"type": "function", "function": {"name": "add", "description": "Adds two numbers",
+             "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
+        ],
+        "messages": [
+            {"role": "system", "content": "You are a careful assistant."},
+            {"role": "user", "content": "What's the weather in Zürich, and what is 2 + 3.5?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Zürich\"}"}},
+                {"id": "c2", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3.5}}}
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21, \"sky\": \"clear\"}"},
+            {"role": "tool", "tool_call_id": "c2", "content": "5.5"},
+            {"role": "assistant", "content": "It is 21 °C and clear in Zürich; 2 + 3.5 = 5.5."},
+            {"role": "user", "content": "Thanks! Now add 1 and 1."},
+            {"role": "assistant", "content": "Let me compute.", "tool_calls": [
+                {"id": "c3", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1, \"b\": 1}"}}
+            ]},
+            {"role": "tool", "tool_call_id": "c3", "content": "2"},
+            {"role": "assistant", "content": "1 + 1 = 2."}
+        ]
+    })
+}
+
+/// Runs the transformers reference on `conv`: (rendered text, ids, assistant mask).
+fn reference(conv: &Value) -> (String, Vec<i64>, Vec<bool>) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("conversation.json");
+    let output = dir.path().join("reference.json");
+    std::fs::write(&input, conv.to_string()).unwrap();
+    let python = std::env::var("TRAINQ_PYTHON").expect("TRAINQ_PYTHON is set by ops/setup.sh's env file");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/reference/chat_template_ref.py");
+    let status = Command::new(python).arg(script).arg(qwen3_dir()).arg(&input).arg(&output).status().unwrap();
+    assert!(status.success(), "chat_template_ref.py failed");
+    let out: Value = serde_json::from_str(&std::fs::read_to_string(output).unwrap()).unwrap();
+    let ids = serde_json::from_value(out["ids"].clone()).unwrap();
+    let mask = serde_json::from_value(out["mask"].clone()).unwrap();
+    (out["text"].as_str().unwrap().to_string(), ids, mask)
+}
+
+#[test]
+fn a_multi_turn_tool_conversation_matches_transformers_token_for_token() {
+    let tokenizer = ChatTokenizer::from_dir(&qwen3_dir()).unwrap();
+    let conv = conversation();
+    let (ref_text, ref_ids, ref_mask) = reference(&conv);
+    let messages = conv["messages"].as_array().unwrap().clone();
+    let ours_text = tokenizer
+        .render(trainq::tokenize::RenderRequest { messages: &messages, tools: Some(&conv["tools"]), add_generation_prompt: false })
+        .unwrap();
+    assert_eq!(ours_text, ref_text, "rendered text differs");
+    let traj = Trajectory::from_json(&conv).unwrap();
+    let ours = tokenizer.tokenize(&traj, 4096).unwrap();
+    assert_eq!(ours.ids, ref_ids, "token ids differ");
+    assert_eq!(ours.trained, ref_mask, "assistant mask differs");
+    assert!(ours.trained_tokens() > 30 && ours.trained_tokens() < ours.len() / 2);
+    assert!(ours.sampler_logprobs.iter().all(Option::is_none));
+}
+
+#[test]
+fn sampler_token_ids_replace_their_turn_and_keep_their_logprobs() {
+    let tokenizer = ChatTokenizer::from_dir(&qwen3_dir()).unwrap();
+    let mut conv = conversation();
+    let plain = tokenizer.tokenize(&Trajectory::from_json(&conv).unwrap(), 4096).unwrap();
+    let sampled_text = "<think>\nEasy.\n</think>\n\n1 + 1 = 2.<|im_end|>";
+    let sampled: Vec<i64> = tokenizer.tokenizer().encode(sampled_text, false).unwrap().get_ids().iter().map(|&i| i64::from(i)).collect();
+    let logprobs: Vec<f32> = (0..sampled.len()).map(|i| -0.01 * i as f32).collect();
+    let last = conv["messages"].as_array().unwrap().len() - 1;
+    conv["messages"][last]["token_ids"] = json!(sampled);
+    conv["messages"][last]["logprobs"] = json!(logprobs);
+    let spliced = tokenizer.tokenize(&Trajectory::from_json(&conv).unwrap(), 4096).unwrap();
+
+    // The template's last turn is "<think>\n\n</think>\n\n1 + 1 = 2.<|im_end|>" then "\n".
+    let start = spliced.sampler_logprobs.iter().position(Option::is_some).unwrap();
+    assert_eq!(spliced.ids[..start], plain.ids[..start], "everything before the turn is unchanged");
+    assert_eq!(spliced.ids[start..start + sampled.len()], sampled[..]);
+    assert!(spliced.trained[start..start + sampled.len()].iter().all(|t| *t));
+    assert_eq!(spliced.sampler_logprobs[start + 1], Some(-0.01));
+    assert_eq!(spliced.ids[start + sampled.len()..], plain.ids[plain.len() - 1..], "the trailing newline follows");
+    assert!(!spliced.trained[spliced.len() - 1]);
+}
+
+#[test]
+fn a_conversation_longer_than_max_seq_len_is_reported_not_truncated() {
+    let tokenizer = ChatTokenizer::from_dir(&qwen3_dir()).unwrap();
+    let traj = Trajectory::from_json(&conversation()).unwrap();
+    let full = tokenizer.tokenize(&traj, 4096).unwrap().len();
+    match tokenizer.tokenize(&traj, full - 1) {
+        Err(TokenizeError::TooLong { tokens, max_seq_len }) => assert_eq!((tokens, max_seq_len), (full, full - 1)),
+        other => panic!("expected TooLong, got {other:?}"),
+    }
+}
