@@ -117,3 +117,34 @@ pub async fn insert_groups(pool: &PgPool, model: &str, n: i64) {
     .await
     .unwrap();
 }
+
+/// A login role for one test (cluster-wide, so uniquely named), member of `group`; dropped at the end.
+pub struct TestRole {
+    /// Role name.
+    pub name: String,
+}
+
+impl TestRole {
+    /// Creates `tq_<prefix>_<uuid>` with LOGIN, member of `group` (e.g. `trainq_producer`).
+    pub async fn new(db: &TestDb, prefix: &str, group: &str) -> TestRole {
+        let name = format!("tq_{prefix}_{}", Uuid::now_v7().simple());
+        sqlx::query(&format!("CREATE ROLE {name} LOGIN IN ROLE {group}")).execute(&db.pool).await.unwrap();
+        TestRole { name }
+    }
+}
+
+impl Drop for TestRole {
+    fn drop(&mut self) {
+        let (url, name) = (admin_url().to_string(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let admin = PgPool::connect(&url).await?;
+                sqlx::query(&format!("DROP ROLE IF EXISTS {name}")).execute(&admin).await?;
+                admin.close().await;
+                Ok::<_, sqlx::Error>(())
+            })
+        })
+        .join();
+    }
+}
