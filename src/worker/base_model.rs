@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use futures::TryStreamExt;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use crate::checkpoint::Store;
 use crate::error::{Error, Result};

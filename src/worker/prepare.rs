@@ -38,7 +38,8 @@ pub(crate) fn prepare_step(
     let mut report = filter_groups(&rewards, &params);
 
     let mut kept: Vec<(&ClaimedGroup, Vec<f64>, Vec<TokenizedTrajectory>)> = Vec::new();
-    for group in groups.iter().filter(|g| report.kept.contains(&g.id)) {
+    let kept_before = report.kept.clone();
+    for group in groups.iter().filter(|g| kept_before.contains(&g.id)) {
         let group_rewards = group.rewards();
         match tokenize_group(group, tokenizer, cfg.max_seq_len) {
             Ok(tokenized) => kept.push((group, group_rewards, tokenized)),

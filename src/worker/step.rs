@@ -164,7 +164,7 @@ async fn upload_with_retry(
 ) -> Result<UploadedCheckpoint> {
     let options = UploadOptions::default();
     loop {
-        match upload_checkpoint(ctx.store, &ctx.opts.model, step as u64, format, staged, &options).await {
+        match upload_checkpoint(ctx.store, &ctx.opts.model, step as u64, format, staged, &options, &|_| {}).await {
             Ok(uploaded) => return Ok(uploaded),
             Err(err) => {
                 tracing::warn!(model = %ctx.opts.model, step, "upload failed, retrying: {err}");
