@@ -1,0 +1,206 @@
+//! `trainq bench train`: the real training step (policy loss over every token with random
+//! advantages, AdamW) on random-weight Qwen3 shapes, reporting the same JSON fields as the
+//! HF+PEFT peer baseline (tokens/s, step time, peak memory, model TFLOP/s, MFU).
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use tch::{Device, Kind, Tensor};
+use trainq::config::{LoraConfig, TrainConfig};
+use trainq::model::{HfConfig, Policy};
+use trainq::tokenize::MicroBatch;
+use trainq::train::Trainer;
+
+/// Benchmarks.
+#[derive(Subcommand, Debug)]
+pub(crate) enum BenchCommand {
+    /// Training throughput on a random-weight Qwen3 shape.
+    Train(TrainBenchArgs),
+}
+
+/// Settings of `trainq bench train`.
+#[derive(Args, Debug)]
+pub(crate) struct TrainBenchArgs {
+    /// Model shape (same dims as the peer baseline).
+    #[arg(long, default_value = "qwen3-0.6b", value_parser = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"])]
+    shape: String,
+    /// LoRA (rank 8, alpha 16, all linear layers) or full fine-tune.
+    #[arg(long, default_value = "lora", value_parser = ["lora", "full"])]
+    mode: String,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 4096)]
+    seq: i64,
+    /// Sequences per micro-batch.
+    #[arg(long, default_value_t = 4)]
+    micro: i64,
+    /// Activation checkpointing (recompute each decoder layer in backward).
+    #[arg(long)]
+    ckpt: bool,
+    /// Timed steps (after 2 warm-up steps).
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Run the peer baseline's standard table.
+    #[arg(long)]
+    all: bool,
+    /// Device: cuda (default when available) or cpu.
+    #[arg(long)]
+    device: Option<String>,
+}
+
+/// The peer's standard table: shape, mode, seq, micro, checkpointing.
+const STANDARD: [(&str, &str, i64, i64, bool); 4] = [
+    ("qwen3-0.6b", "lora", 4096, 4, false),
+    ("qwen3-0.6b", "full", 4096, 4, false),
+    ("qwen3-1.7b", "lora", 4096, 4, false),
+    ("qwen3-8b", "lora", 4096, 2, true),
+];
+
+/// (hidden, intermediate, layers, heads, kv heads, tied embeddings) of each shape.
+fn shape_dims(shape: &str) -> Result<(i64, i64, i64, i64, i64, bool)> {
+    Ok(match shape {
+        "qwen3-0.6b" => (1024, 3072, 28, 16, 8, true),
+        "qwen3-1.7b" => (2048, 6144, 28, 16, 8, true),
+        "qwen3-4b" => (2560, 9728, 36, 32, 8, true),
+        "qwen3-8b" => (4096, 12288, 36, 32, 8, false),
+        other => bail!("unknown shape {other}"),
+    })
+}
+
+fn shape_config(shape: &str) -> Result<HfConfig> {
+    let (hidden, inter, layers, heads, kv, tied) = shape_dims(shape)?;
+    let cfg = json!({
+        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936,
+        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": 128,
+        "max_position_embeddings": 40960, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+        "tie_word_embeddings": tied, "hidden_act": "silu", "attention_bias": false,
+    });
+    Ok(serde_json::from_value(cfg)?)
+}
+
+pub(crate) fn run(command: BenchCommand) -> Result<()> {
+    match command {
+        BenchCommand::Train(args) => run_train(args),
+    }
+}
+
+fn run_train(args: TrainBenchArgs) -> Result<()> {
+    let device = super::worker::parse_device(args.device.as_deref())?;
+    let peak = if device.is_cuda() { Some(matmul_peak_tflops(device)) } else { None };
+    println!("{}", json!({"bf16_matmul_tflops": peak.map(|p| (p * 10.0).round() / 10.0)}));
+    let plan: Vec<(String, String, i64, i64, bool)> = if args.all {
+        STANDARD.iter().map(|&(s, m, q, b, c)| (s.into(), m.into(), q, b, c)).collect()
+    } else {
+        vec![(args.shape.clone(), args.mode.clone(), args.seq, args.micro, args.ckpt)]
+    };
+    for (shape, mode, seq, micro, ckpt) in plan {
+        let result = bench_one(&shape, &mode, seq, micro, ckpt, args.steps, device, peak);
+        let line = result.unwrap_or_else(|e| json!({"shape": shape, "mode": mode, "ckpt": ckpt, "error": format!("{e:#}")}));
+        println!("{line}");
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_one(
+    shape: &str,
+    mode: &str,
+    seq: i64,
+    micro: i64,
+    ckpt: bool,
+    steps: usize,
+    device: Device,
+    peak: Option<f64>,
+) -> Result<serde_json::Value> {
+    let hf = shape_config(shape)?;
+    let lora = (mode == "lora").then(|| LoraConfig { rank: 8, alpha: 16.0, ..LoraConfig::default() });
+    let mut cfg = TrainConfig { lora: lora.clone(), max_seq_len: seq as usize, ..TrainConfig::default() };
+    cfg.max_tokens_per_micro_batch = (seq * micro) as usize;
+    let mut policy = Policy::from_config(&hf, lora.as_ref(), device, 0).context("build the model")?;
+    policy.set_activation_checkpointing(ckpt);
+    let n_params: i64 = policy.named_variables().iter().filter(|(n, _)| !n.contains("lora_")).map(|(_, t)| t.numel() as i64).sum();
+    let mut trainer = Trainer::new(&cfg, device);
+    let batch = random_batch(micro, seq, hf.vocab_size);
+    let mut run_step = || -> Result<()> {
+        trainer.step(&mut policy, std::slice::from_ref(&batch))?;
+        Ok(())
+    };
+    for _ in 0..2 {
+        run_step()?;
+    }
+    sync(device);
+    let start = Instant::now();
+    for _ in 0..steps {
+        run_step()?;
+    }
+    sync(device);
+    let dt = start.elapsed().as_secs_f64() / steps as f64;
+    let tokens = (micro * seq) as f64 / dt;
+    let fwd = 2.0 * n_params as f64 + 2.0 * (hf.num_hidden_layers * seq * hf.num_attention_heads * 128) as f64;
+    let factor = if mode == "full" { 3.0 } else { 2.0 } + if ckpt { 1.0 } else { 0.0 };
+    let tflops = fwd * factor * tokens / 1e12;
+    let mut res = json!({
+        "impl": "trainq", "shape": shape, "mode": mode, "seq": seq, "micro": micro, "ckpt": ckpt,
+        "params_b": (n_params as f64 / 1e7).round() / 100.0, "tokens_per_s": tokens.round(),
+        "step_s": (dt * 1e4).round() / 1e4, "model_tflops": (tflops * 10.0).round() / 10.0,
+        "peak_mem_gib": device_memory_used_gib(device),
+    });
+    if let Some(peak) = peak {
+        res["mfu"] = json!((tflops / peak * 1000.0).round() / 1000.0);
+    }
+    Ok(res)
+}
+
+/// One micro-batch of `micro` rows of `seq` random tokens, every target trained, random ±1
+/// advantages per row, no sampler log-probs (ratio 1).
+fn random_batch(micro: i64, seq: i64, vocab: i64) -> MicroBatch {
+    let ids: Vec<i64> = Tensor::randint(vocab, [micro * (seq + 1)], (Kind::Int64, Device::Cpu)).try_into().unwrap_or_default();
+    let mut b = MicroBatch { rows: micro as usize, cols: seq as usize, ..MicroBatch::default() };
+    for r in 0..micro as usize {
+        let row = &ids[r * (seq as usize + 1)..(r + 1) * (seq as usize + 1)];
+        let advantage = if r % 2 == 0 { 1.0 } else { -1.0 };
+        b.input_ids.extend_from_slice(&row[..seq as usize]);
+        b.targets.extend_from_slice(&row[1..]);
+        b.position_ids.extend(0..seq);
+        b.loss_mask.extend(std::iter::repeat_n(true, seq as usize));
+        b.sampler_logprobs.extend(std::iter::repeat_n(f32::NAN, seq as usize));
+        b.advantages.extend(std::iter::repeat_n(advantage, seq as usize));
+        b.sequence_index.extend(std::iter::repeat_n(r as i64, seq as usize));
+        b.trajectory_index.push(r);
+    }
+    b
+}
+
+fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// bf16 8192³ matmul rate in TFLOP/s (the same measurement as the peer's).
+fn matmul_peak_tflops(device: Device) -> f64 {
+    let a = Tensor::randn([8192, 8192], (Kind::BFloat16, device));
+    let b = Tensor::randn([8192, 8192], (Kind::BFloat16, device));
+    for _ in 0..5 {
+        let _ = a.matmul(&b);
+    }
+    sync(device);
+    let start = Instant::now();
+    for _ in 0..50 {
+        let _ = a.matmul(&b);
+    }
+    sync(device);
+    2.0 * 8192f64.powi(3) * 50.0 / start.elapsed().as_secs_f64() / 1e12
+}
+
+/// GPU memory in use on the device (driver view: the caching allocator's reserve, an upper
+/// bound of the peer's `max_memory_allocated`).
+fn device_memory_used_gib(device: Device) -> Option<f64> {
+    let Device::Cuda(i) = device else { return None };
+    let ctx = cudarc::driver::CudaContext::new(i).ok()?;
+    ctx.bind_to_thread().ok()?;
+    let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
+    Some(((total - free) as f64 / (1u64 << 30) as f64 * 10.0).round() / 10.0)
+}
