@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 VOCAB = 96
 SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
-             max_position_embeddings=128)
+             max_position_embeddings=128, initializer_range=0.2)  # large enough for non-trivial logits
 UNPACKED_LEN = 12
 PACKED_DOCS = [[5, 4, 3], [7, 5]]  # document lengths per row; each row sums to UNPACKED_LEN
 
