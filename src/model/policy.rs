@@ -50,6 +50,7 @@ impl Policy {
     /// [`Policy::load`] with an explicit dtype (e.g. f32 on CUDA for parity checks).
     pub fn load_as(dir: &Path, lora: Option<&LoraConfig>, device: Device, kind: Kind) -> Result<Policy> {
         let cfg = HfConfig::from_dir(dir)?;
+        check_lora_targets(lora)?;
         let policy = Self::build(&cfg, lora, device, kind, false).map_err(Error::torch(format!("build model from {}", dir.display())))?;
         let tied = cfg.tie_word_embeddings;
         let base: HashMap<String, Tensor> =
@@ -65,6 +66,7 @@ impl Policy {
     /// seeded by `seed`, for tests and the demo.
     pub fn from_config(cfg: &HfConfig, lora: Option<&LoraConfig>, device: Device, seed: i64) -> Result<Policy> {
         cfg.check().map_err(|message| Error::config("model config", message))?;
+        check_lora_targets(lora)?;
         tch::manual_seed(seed);
         Self::build(cfg, lora, device, default_kind(device), true).map_err(Error::torch("random init"))
     }
@@ -195,6 +197,20 @@ impl Policy {
     /// The dtype of the weights.
     pub fn kind(&self) -> Kind {
         self.kind
+    }
+}
+
+/// The projections LoRA can adapt, by HF module name.
+pub const LORA_TARGETABLE: [&str; 7] = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+
+fn check_lora_targets(lora: Option<&LoraConfig>) -> Result<()> {
+    let Some(lora) = lora else { return Ok(()) };
+    if lora.rank <= 0 || lora.target_modules.is_empty() {
+        return Err(Error::config("lora", "rank must be positive and target_modules non-empty"));
+    }
+    match lora.target_modules.iter().find(|t| !LORA_TARGETABLE.contains(&t.as_str())) {
+        Some(t) => Err(Error::config("lora.target_modules", format!("{t:?} is not one of {LORA_TARGETABLE:?}"))),
+        None => Ok(()),
     }
 }
 

@@ -6,9 +6,10 @@
         (unpacked and packed batches) and transformers' logits and per-token log-probs. Also a
         peft adapter with non-zero B (qwen3_peft_adapter/) and peft's logits for it
         (qwen3_peft_reference.safetensors).
-    generate.py peft-logits BASE_DIR ADAPTER_DIR INPUTS.safetensors OUT.safetensors
-        Loads BASE_DIR with the adapter through peft.PeftModel.from_pretrained and writes the
-        logits for INPUTS' input_ids/position_ids (one row at a time, each row one document).
+    generate.py logits INPUTS.safetensors OUT.safetensors MODEL_DIR [ADAPTER_DIR]
+        Loads MODEL_DIR with transformers (and the adapter through
+        peft.PeftModel.from_pretrained) and writes the logits for INPUTS' input_ids (one row at
+        a time, each row one document) as OUT's "logits".
 
 Log-prob convention (same as trainq's `Policy::token_logprobs`): targets[b, t] = ids[b, t + 1];
 the last position of each document has target -100 and log-prob 0.
@@ -142,19 +143,21 @@ def models(out):
 
 
 @torch.no_grad()
-def peft_logits(base_dir, adapter_dir, inputs_path, out_path):
-    from peft import PeftModel
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    model = PeftModel.from_pretrained(model, adapter_dir).eval()
+def logits(inputs_path, out_path, model_dir, adapter_dir=None):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter_dir is not None:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, adapter_dir)
+    model.eval()
     ids = load_file(inputs_path)["input_ids"]
-    logits = torch.stack([model(input_ids=ids[b:b + 1]).logits[0] for b in range(ids.shape[0])])
-    save_file({"logits": logits.contiguous()}, out_path)
+    out = torch.stack([model(input_ids=ids[b:b + 1]).logits[0] for b in range(ids.shape[0])])
+    save_file({"logits": out.contiguous()}, out_path)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["models"] and len(sys.argv) == 3:
         models(sys.argv[2])
-    elif sys.argv[1:2] == ["peft-logits"] and len(sys.argv) == 6:
-        peft_logits(*sys.argv[2:])
+    elif sys.argv[1:2] == ["logits"] and len(sys.argv) in (5, 6):
+        logits(*sys.argv[2:])
     else:
         sys.exit(__doc__)
