@@ -218,3 +218,24 @@ fn check_lora_targets(lora: Option<&LoraConfig>) -> Result<()> {
 pub fn is_lora_name(name: &str) -> bool {
     name.contains(".lora_A.") || name.contains(".lora_B.")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::tiny_qwen3_config;
+
+    #[test]
+    fn a_policy_can_move_to_its_own_training_thread() {
+        fn assert_send<T: Send>() {}
+        assert_send::<Policy>();
+    }
+
+    #[test]
+    fn token_logprobs_refuses_ids_outside_the_vocabulary() {
+        let policy = Policy::from_config(&tiny_qwen3_config(10), None, Device::Cpu, 0).unwrap();
+        let ids = Tensor::from_slice(&[1i64, 2, 10]).reshape([1, 3]);
+        let pos = Tensor::from_slice(&[0i64, 1, 2]).reshape([1, 3]);
+        let err = policy.token_logprobs(&ids, &pos, &ids).unwrap_err().to_string();
+        assert!(err.contains("[0, 10)"), "{err}");
+    }
+}

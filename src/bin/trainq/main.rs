@@ -3,6 +3,8 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+mod score;
+
 /// Reinforcement learning for language-model agents, fed from PostgreSQL.
 #[derive(Parser)]
 #[command(name = "trainq", version, about)]
@@ -12,7 +14,10 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Per-token log-probs of token sequences under a model (and adapter), as JSON lines.
+    Score(score::ScoreArgs),
+}
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -23,5 +28,7 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Score(args) => score::run(args),
+    }
 }
