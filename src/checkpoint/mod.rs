@@ -15,3 +15,6 @@ pub use retention::{apply_retention, RetentionPolicy};
 pub use store::{Store, StoreOptions, MANIFEST_FILE};
 pub use transfer_retry::FileRetry;
 pub use upload::{upload_checkpoint, Progress, UploadOptions, UploadedCheckpoint};
+pub mod hf;
+pub mod peft;
+pub mod tensor_file;

@@ -6,6 +6,8 @@ mod worker;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+mod score;
+
 /// Reinforcement learning for language-model agents, fed from PostgreSQL.
 #[derive(Parser)]
 #[command(name = "trainq", version, about)]
@@ -20,6 +22,8 @@ enum Command {
     Worker(worker::WorkerArgs),
     /// Run the whole loop locally: tiny model, toy task, local PostgreSQL, file:// store.
     Demo(demo::DemoArgs),
+    /// Per-token log-probs of token sequences under a model (and adapter), as JSON lines.
+    Score(score::ScoreArgs),
 }
 
 fn main() -> Result<()> {
@@ -34,5 +38,6 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Worker(args) => worker::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Score(args) => score::run(args),
     }
 }

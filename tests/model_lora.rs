@@ -1,0 +1,114 @@
+//! LoRA and checkpoints against PEFT and transformers: our adapters load in peft with our
+//! logits, peft's adapters load here with peft's logits, full fine-tunes save in HF layout.
+
+mod reference;
+
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+use trainq::checkpoint::{hf, peft};
+use trainq::config::LoraConfig;
+use trainq::model::{tiny_qwen3_config, Policy};
+
+use reference::{max_abs_diff, tensor, TOLERANCE};
+
+fn lora(rank: i64, alpha: f64) -> LoraConfig {
+    LoraConfig { rank, alpha, ..LoraConfig::default() }
+}
+
+/// Logits computed by transformers (+ peft when `adapter` is given) for the qwen3 inputs.
+fn python_logits(model_dir: &Path, adapter: Option<&Path>, out_dir: &Path) -> Tensor {
+    let inputs = reference::dir().join("qwen3_reference.safetensors");
+    let out = out_dir.join("python_logits.safetensors");
+    let mut args = vec!["logits", inputs.to_str().unwrap(), out.to_str().unwrap(), model_dir.to_str().unwrap()];
+    if let Some(adapter) = adapter {
+        args.push(adapter.to_str().unwrap());
+    }
+    reference::run(&args);
+    tensor(&out, "logits")
+}
+
+fn qwen3_inputs() -> (Tensor, Tensor) {
+    let file = reference::dir().join("qwen3_reference.safetensors");
+    (tensor(&file, "input_ids"), tensor(&file, "position_ids"))
+}
+
+#[test]
+fn an_adapter_saved_by_us_loads_in_peft_and_gives_our_logits() {
+    let base = reference::dir().join("qwen3");
+    let policy = Policy::load(&base, Some(&lora(4, 8.0)), Device::Cpu).unwrap();
+    tch::manual_seed(11);
+    tch::no_grad(|| {
+        for (name, mut t) in policy.lora_variables() {
+            if name.contains("lora_B") {
+                let _ = t.copy_(&(Tensor::randn(t.size(), (Kind::Float, Device::Cpu)) * 0.3));
+            }
+        }
+    });
+    let (ids, pos) = qwen3_inputs();
+    let ours = policy.logits(&ids, &pos).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let adapter = out.path().join("adapter");
+    peft::save_adapter(&policy, &adapter, base.to_str().unwrap()).unwrap();
+    let theirs = python_logits(&base, Some(&adapter), out.path());
+    let base_logits = tensor(&reference::dir().join("qwen3_reference.safetensors"), "logits");
+    assert!(max_abs_diff(&ours, &base_logits) > 1e-2, "the adapter must change the logits");
+    let diff = max_abs_diff(&ours, &theirs);
+    assert!(diff < TOLERANCE, "peft's logits differ from ours by {diff}");
+}
+
+#[test]
+fn an_adapter_saved_by_peft_loads_here_and_gives_peft_logits() {
+    let dir = reference::dir();
+    let policy = peft::load_policy_with_adapter(&dir.join("qwen3"), &dir.join("qwen3_peft_adapter"), Device::Cpu).unwrap();
+    let file = dir.join("qwen3_peft_reference.safetensors");
+    let logits = policy.logits(&tensor(&file, "input_ids"), &tensor(&file, "position_ids")).unwrap();
+    let diff = max_abs_diff(&logits, &tensor(&file, "logits"));
+    assert!(diff < TOLERANCE, "our logits differ from peft's by {diff}");
+}
+
+#[test]
+fn disabling_lora_gives_the_base_model_and_only_adapters_get_gradients() {
+    let dir = reference::dir();
+    let policy = peft::load_policy_with_adapter(&dir.join("qwen3"), &dir.join("qwen3_peft_adapter"), Device::Cpu).unwrap();
+    let file = dir.join("qwen3_reference.safetensors");
+    let (ids, pos, targets) = (tensor(&file, "input_ids"), tensor(&file, "position_ids"), tensor(&file, "targets"));
+    let base = policy.with_lora_disabled(|p| p.token_logprobs(&ids, &pos, &targets).unwrap());
+    assert!(policy.lora_enabled());
+    assert!(max_abs_diff(&base, &tensor(&file, "logprobs")) < TOLERANCE);
+
+    let trainable = policy.named_trainable_variables();
+    assert_eq!(trainable.len(), 2 * 7 * 2, "A and B for 7 projections in 2 layers");
+    assert!(trainable.iter().all(|(name, _)| name.contains(".lora_")));
+    policy.token_logprobs(&ids, &pos, &targets).unwrap().sum(Kind::Float).backward();
+    for (name, t) in &trainable {
+        assert!(t.grad().defined() && t.grad().abs().sum(Kind::Float).double_value(&[]) > 0.0, "{name} got no gradient");
+    }
+}
+
+#[test]
+fn a_full_fine_tune_saved_in_hf_layout_loads_in_transformers_and_here() {
+    let policy = Policy::from_config(&tiny_qwen3_config(96), None, Device::Cpu, 5).unwrap();
+    assert!(policy.lora_config().is_none());
+    assert_eq!(policy.trainable_variables().len(), policy.named_variables().len());
+    let out = tempfile::tempdir().unwrap();
+    let model_dir = out.path().join("model");
+    hf::save_full(&policy, &model_dir).unwrap();
+    let (ids, pos) = qwen3_inputs();
+    let ours = policy.logits(&ids, &pos).unwrap();
+    let theirs = python_logits(&model_dir, None, out.path());
+    assert!(max_abs_diff(&ours, &theirs) < TOLERANCE);
+    let reloaded = Policy::load(&model_dir, None, Device::Cpu).unwrap();
+    assert_eq!(max_abs_diff(&ours, &reloaded.logits(&ids, &pos).unwrap()), 0.0);
+}
+
+#[test]
+fn unknown_lora_targets_and_mismatched_adapters_are_refused() {
+    let dir = reference::dir();
+    let bad = LoraConfig { target_modules: vec!["c_attn".into()], ..LoraConfig::default() };
+    let err = Policy::load(&dir.join("qwen3"), Some(&bad), Device::Cpu).unwrap_err().to_string();
+    assert!(err.contains("c_attn"), "{err}");
+    let policy = Policy::load(&dir.join("qwen3"), Some(&lora(8, 16.0)), Device::Cpu).unwrap();
+    let err = peft::load_adapter(&policy, &dir.join("qwen3_peft_adapter")).unwrap_err().to_string();
+    assert!(err.contains("differs"), "{err}");
+}
