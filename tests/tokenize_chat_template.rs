@@ -12,32 +12,11 @@ fn qwen3_dir() -> PathBuf {
     PathBuf::from(std::env::var("TRAINQ_QWEN3_TOKENIZER").expect("TRAINQ_QWEN3_TOKENIZER is set by ops/setup.sh's env file"))
 }
 
+/// Two tools, parallel tool calls with string and object arguments, tool results, non-ASCII,
+/// four assistant turns over two user queries, `reasoning_content` on two of them (Qwen3 renders
+/// it only after the last user query, so prefix renders differ from the full one there).
 fn conversation() -> Value {
-    json!({
-        "tools": [
-            {"type": "function", "function": {"name": "get_weather", "description": "Today's weather for a city (°C) — use it <always>",
-             "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}},
-            {"type": "function", "function": {"name": "add", "description": "Adds two numbers",
-             "parameters": {"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}
-        ],
-        "messages": [
-            {"role": "system", "content": "You are a careful assistant."},
-            {"role": "user", "content": "What's the weather in Zürich, and what is 2 + 3.5?"},
-            {"role": "assistant", "content": "", "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Zürich\"}"}},
-                {"id": "c2", "type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 3.5}}}
-            ]},
-            {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21, \"sky\": \"clear\"}"},
-            {"role": "tool", "tool_call_id": "c2", "content": "5.5"},
-            {"role": "assistant", "content": "It is 21 °C and clear in Zürich; 2 + 3.5 = 5.5."},
-            {"role": "user", "content": "Thanks! Now add 1 and 1."},
-            {"role": "assistant", "content": "Let me compute.", "tool_calls": [
-                {"id": "c3", "type": "function", "function": {"name": "add", "arguments": "{\"a\": 1, \"b\": 1}"}}
-            ]},
-            {"role": "tool", "tool_call_id": "c3", "content": "2"},
-            {"role": "assistant", "content": "1 + 1 = 2."}
-        ]
-    })
+    serde_json::from_str(include_str!("fixtures/chat_tool_conversation.json")).unwrap()
 }
 
 /// Runs the transformers reference on `conv`: (rendered text, ids, assistant mask).
