@@ -3,6 +3,8 @@
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
+mod checkpoint;
+
 /// Reinforcement learning for language-model agents, fed from PostgreSQL.
 #[derive(Parser)]
 #[command(name = "trainq", version, about)]
@@ -12,7 +14,11 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Checkpoints in object storage (fetch).
+    #[command(subcommand)]
+    Checkpoint(checkpoint::CheckpointCommand),
+}
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -23,5 +29,7 @@ fn main() -> Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Checkpoint(command) => checkpoint::run(command),
+    }
 }
