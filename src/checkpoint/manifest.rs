@@ -131,9 +131,16 @@ pub fn is_safe_relative_path(path: &str) -> bool {
         && path.split('/').all(|part| !part.is_empty() && part != "." && part != "..")
 }
 
-/// Lists the regular files under `dir` recursively as `/`-separated relative paths, sorted.
-/// `manifest.json` at the top level is skipped (the upload writes its own).
+/// The files of a local checkpoint directory to upload: [`list_all_files`] without the
+/// top-level `manifest.json` (the upload writes its own).
 pub fn list_checkpoint_files(dir: &FsPath) -> Result<Vec<String>> {
+    let mut found = list_all_files(dir)?;
+    found.retain(|path| path != super::store::MANIFEST_FILE);
+    Ok(found)
+}
+
+/// Lists the regular files under `dir` recursively as `/`-separated relative paths, sorted.
+pub fn list_all_files(dir: &FsPath) -> Result<Vec<String>> {
     let mut found = Vec::new();
     let mut pending = vec![dir.to_path_buf()];
     while let Some(current) = pending.pop() {
@@ -151,7 +158,6 @@ pub fn list_checkpoint_files(dir: &FsPath) -> Result<Vec<String>> {
             }
         }
     }
-    found.retain(|path| path != super::store::MANIFEST_FILE);
     found.sort();
     Ok(found)
 }

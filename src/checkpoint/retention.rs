@@ -38,7 +38,8 @@ impl RetentionPolicy {
     ///
     /// Whole checkpoints outside the last `keep_last` and not a multiple of `keep_every` go.
     /// Partial ones (no manifest) go when older than the newest whole checkpoint (a failed
-    /// upload); newer partial ones may be uploads in progress and stay.
+    /// upload; milestones do not protect them); newer partial ones may be uploads in progress
+    /// and stay.
     pub fn steps_to_delete(&self, stored: &[(u64, bool)]) -> Vec<u64> {
         let mut whole: Vec<u64> = stored.iter().filter(|s| s.1).map(|s| s.0).collect();
         whole.sort_unstable();
@@ -52,7 +53,7 @@ impl RetentionPolicy {
                 if is_whole {
                     !recent.contains(&step) && !milestone
                 } else {
-                    step < newest_whole && !milestone
+                    step < newest_whole
                 }
             })
             .map(|s| s.0)
@@ -123,6 +124,8 @@ mod tests {
         let policy = RetentionPolicy { keep_last: 1, keep_every: 0 };
         let stored = [(1, false), (2, true), (3, true), (4, false)];
         assert_eq!(policy.steps_to_delete(&stored), vec![1, 2]);
+        let milestone = RetentionPolicy { keep_last: 1, keep_every: 2 };
+        assert_eq!(milestone.steps_to_delete(&[(2, false), (3, true)]), vec![2]);
         assert!(policy.steps_to_delete(&[(1, false), (2, false)]).is_empty());
     }
 

@@ -3,7 +3,6 @@
 //! `manifest.json` written last.
 
 use std::path::{Path as FsPath, PathBuf};
-use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -250,13 +249,4 @@ fn read_and_hash(path: &FsPath, part_size: usize, parts: mpsc::Sender<Bytes>) ->
 pub(crate) fn store_error(what: &'static str, key: &Path) -> impl FnOnce(object_store::Error) -> Error {
     let path = key.to_string();
     move |source| Error::Store { what, path, source }
-}
-
-/// Shares a byte counter between a progress callback and its reader (tests, benchmarks).
-pub fn byte_counter() -> (Arc<std::sync::atomic::AtomicU64>, impl Fn(u64) + Send + Sync) {
-    let counter = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let shared = counter.clone();
-    (counter, move |n| {
-        shared.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
-    })
 }

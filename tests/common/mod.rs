@@ -3,3 +3,5 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod db;
+pub mod checkpoint_files;
+pub mod s3;

@@ -7,6 +7,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod score;
+mod checkpoint;
 
 /// Reinforcement learning for language-model agents, fed from PostgreSQL.
 #[derive(Parser)]
@@ -24,6 +25,9 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Per-token log-probs of token sequences under a model (and adapter), as JSON lines.
     Score(score::ScoreArgs),
+    /// Checkpoints in object storage (fetch).
+    #[command(subcommand)]
+    Checkpoint(checkpoint::CheckpointCommand),
 }
 
 fn main() -> Result<()> {
@@ -39,5 +43,6 @@ fn main() -> Result<()> {
         Command::Worker(args) => worker::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Score(args) => score::run(args),
+        Command::Checkpoint(command) => checkpoint::run(command),
     }
 }
