@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 
 /// One group as a producer submits it (the four producer-written columns).
 #[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct NewGroup {
     /// Model name.
     pub model: String,

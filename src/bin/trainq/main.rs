@@ -1,13 +1,17 @@
 //! The `trainq` command line: migrations, models, submission, status, workers, demo, benchmarks.
 
+mod bench;
+mod checkpoint;
+mod database;
 mod demo;
+mod model;
+mod report;
+mod score;
+mod submit;
 mod worker;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-
-mod score;
-mod checkpoint;
 
 /// Reinforcement learning for language-model agents, fed from PostgreSQL.
 #[derive(Parser)]
@@ -28,6 +32,20 @@ enum Command {
     /// Checkpoints in object storage (fetch).
     #[command(subcommand)]
     Checkpoint(checkpoint::CheckpointCommand),
+    /// Install or upgrade schema `trainq` (tables, producer functions, roles).
+    Migrate(database::MigrateArgs),
+    /// Register and inspect models.
+    #[command(subcommand)]
+    Model(model::ModelCommand),
+    /// Submit groups from a JSON Lines file (one group per line).
+    Submit(submit::SubmitArgs),
+    /// Queue depth per model (pending, claimed, trained, skipped by reason, failed) and workers.
+    Status(report::StatusArgs),
+    /// The recorded steps of a model.
+    Steps(report::StepsArgs),
+    /// Benchmarks (training throughput on GPU).
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
 }
 
 fn main() -> Result<()> {
@@ -44,5 +62,11 @@ fn main() -> Result<()> {
         Command::Demo(args) => demo::run(args),
         Command::Score(args) => score::run(args),
         Command::Checkpoint(command) => checkpoint::run(command),
+        Command::Migrate(args) => database::run_migrate(args),
+        Command::Model(command) => model::run(command),
+        Command::Submit(args) => submit::run(args),
+        Command::Status(args) => report::run_status(args),
+        Command::Steps(args) => report::run_steps(args),
+        Command::Bench(command) => bench::run(command),
     }
 }
