@@ -77,12 +77,15 @@ async fn download_all(
     options: &FetchOptions,
     progress: Progress<'_>,
 ) -> Result<()> {
-    futures::stream::iter(&manifest.files)
-        .map(|file| {
-            let what = format!("fetch {} step {} {}", manifest.model, manifest.step, file.path);
-            let job = FileDownload { store, manifest, file, local: staging.join(&file.path), progress };
-            async move { options.retry.run(&what, || job.run()).await }
-        })
+    // Futures built in a plain loop (not a closure over the stream's items), so the whole
+    // fetch stays `Send` for `tokio::spawn` callers.
+    let mut jobs = Vec::with_capacity(manifest.files.len());
+    for file in &manifest.files {
+        let what = format!("fetch {} step {} {}", manifest.model, manifest.step, file.path);
+        let job = FileDownload { store, manifest, file, local: staging.join(&file.path), progress };
+        jobs.push(async move { options.retry.run(&what, || job.run()).await });
+    }
+    futures::stream::iter(jobs)
         .buffer_unordered(options.files_in_flight.max(1))
         .try_collect::<Vec<()>>()
         .await?;

@@ -43,6 +43,26 @@ pub async fn submit_group(pool: &PgPool, group: &NewGroup) -> Result<Uuid> {
         .map_err(Error::db(format!("submit group to model {:?}", group.model)))
 }
 
+/// Submits several groups in one transaction: all become visible to workers at once (or none
+/// on error). Returns their ids in order.
+pub async fn submit_groups(pool: &PgPool, groups: &[NewGroup]) -> Result<Vec<Uuid>> {
+    let mut tx = pool.begin().await.map_err(Error::db("begin submit"))?;
+    let mut ids = Vec::with_capacity(groups.len());
+    for group in groups {
+        let id = sqlx::query_scalar("SELECT trainq.submit_group($1, $2, $3, $4)")
+            .bind(&group.model)
+            .bind(&group.trajectories)
+            .bind(group.policy_version)
+            .bind(&group.metadata)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(Error::db(format!("submit group {} to model {:?}", ids.len(), group.model)))?;
+        ids.push(id);
+    }
+    tx.commit().await.map_err(Error::db("commit submit"))?;
+    Ok(ids)
+}
+
 /// Number of pending groups of `model`.
 pub async fn count_pending(pool: &PgPool, model: &str) -> Result<i64> {
     sqlx::query_scalar("SELECT count(*) FROM trainq.groups WHERE model = $1 AND state = 'pending'")

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use super::{assets, sample, task};
 use crate::checkpoint::{fetch_checkpoint, FetchOptions, Store};
 use crate::config::{LoraConfig, TrainConfig};
-use crate::db::groups::{queue_counts, submit_group, NewGroup};
+use crate::db::groups::{queue_counts, submit_groups, NewGroup};
 use crate::db::models::{create_model, get_model, NewModel};
 use crate::error::{Error, Result};
 use crate::model::Policy;
@@ -22,6 +22,15 @@ use crate::worker::{run_worker, WorkerOptions, WorkerSummary};
 
 /// Name of the demo's model and database.
 pub const DEMO_NAME: &str = "trainq_demo";
+
+/// Sampling rounds in a row whose groups were all skipped (zero variance: the policy always
+/// scores the same) after which the demo stops early.
+const CONVERGED_AFTER_SKIPPED_ROUNDS: usize = 3;
+
+/// Standard deviation of the tiny model's random weights.
+const DEMO_INITIALIZER_RANGE: f64 = 0.2;
+/// AdamW learning rate of the demo's LoRA adapters (high: the task is tiny and must move fast).
+const DEMO_LEARNING_RATE: f64 = 4e-3;
 
 /// What the demo runs.
 #[derive(Debug, Clone)]
@@ -47,8 +56,8 @@ pub struct DemoRow {
     pub policy_version: i64,
     /// Mean reward of everything sampled from it.
     pub reward_mean: f64,
-    /// Loss of the step trained on those groups (None when none trained).
-    pub loss: Option<f64>,
+    /// The step trained on those groups; None when every group was skipped (no step).
+    pub step: Option<i64>,
 }
 
 /// Runs the demo; returns the reward per checkpoint and writes `reward.svg` into `work_dir`.
@@ -76,11 +85,9 @@ pub async fn run_demo(opts: &DemoOptions) -> Result<(Vec<DemoRow>, PathBuf)> {
     };
     let env = Environment::new(&model_dir, Store::open(&store_url)?, opts)?;
     let sampled = env.run(&pool, opts, &worker).await;
-    if sampled.is_err() {
-        cancel.cancel();
-    }
-    let summary: WorkerSummary = worker.await.map_err(|e| Error::Engine(format!("worker task: {e}")))??;
-    let rows = table_rows(&sampled?, &summary);
+    cancel.cancel(); // the worker stops after its current step (or at once if it is waiting)
+    worker.await.map_err(|e| Error::Engine(format!("worker task: {e}")))??;
+    let rows = table_rows(&sampled?);
     let plot = opts.work_dir.join("reward.svg");
     let points: Vec<(i64, f64)> = rows.iter().map(|r| (r.policy_version, r.reward_mean)).collect();
     let svg = super::plot::reward_svg("trainq demo: mean reward per checkpoint", &points);
@@ -95,7 +102,7 @@ fn demo_config(opts: &DemoOptions) -> TrainConfig {
         max_tokens_per_micro_batch: 1024,
         ..TrainConfig::default()
     };
-    cfg.optimizer.learning_rate = 3e-2;
+    cfg.optimizer.learning_rate = DEMO_LEARNING_RATE;
     cfg.optimizer.weight_decay = 0.0;
     cfg.queue.groups_per_step = opts.groups_per_step;
     cfg.queue.lease_seconds = 60;
@@ -106,9 +113,12 @@ fn demo_config(opts: &DemoOptions) -> TrainConfig {
 pub fn build_tiny_model(dir: &Path, seed: i64) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
     assets::write_tokenizer(dir)?;
-    let cfg = crate::model::tiny_qwen3_config(assets::VOCAB_SIZE);
+    let mut cfg = crate::model::tiny_qwen3_config(assets::VOCAB_SIZE);
+    // Larger than HF's 0.02: with 64-wide tied embeddings, 0.02 leaves every logit near 0 and
+    // LoRA (which does not touch the embeddings) cannot make any token much likelier.
+    cfg.extra.insert("initializer_range".into(), serde_json::json!(DEMO_INITIALIZER_RANGE));
     let policy = Policy::from_config(&cfg, None, Device::Cpu, seed)?;
-    crate::checkpoint::save_hf_model(&policy, dir)
+    crate::checkpoint::hf::save_full(&policy, dir)
 }
 
 /// The toy environment: samples from the latest checkpoint and submits groups over SQL.
@@ -132,19 +142,21 @@ impl Environment {
     }
 
     /// For each checkpoint 0..steps: sample, submit, wait for the next checkpoint. Returns the
-    /// mean sampled reward per checkpoint.
+    /// mean sampled reward per round and whether a step followed.
     async fn run(
         mut self,
         pool: &PgPool,
         opts: &DemoOptions,
         worker: &tokio::task::JoinHandle<Result<WorkerSummary>>,
-    ) -> Result<Vec<(i64, f64)>> {
+    ) -> Result<Vec<(i64, f64, bool)>> {
         let started = Instant::now();
         let mut rewards_per_version = Vec::new();
         let mut version = 0;
+        let mut skipped_rounds = 0;
         while (version as u64) < opts.steps {
             let policy = self.load_policy(pool, version).await?;
             let mut rewards = Vec::new();
+            let mut groups = Vec::new();
             for g in 0..opts.groups_per_step {
                 let prompt = task::PROMPTS[(version as usize + g) % task::PROMPTS.len()];
                 let (trajectories, r) = self.sample_group(&policy, prompt, opts.group_size)?;
@@ -155,28 +167,36 @@ impl Environment {
                     policy_version: Some(version),
                     metadata: json!({"env": "digits"}),
                 };
-                submit_group(pool, &group).await?;
+                groups.push(group);
             }
+            // One transaction: the worker sees the whole batch at once.
+            submit_groups(pool, &groups).await?;
             let mean = rewards.iter().sum::<f64>() / rewards.len().max(1) as f64;
             eprintln!(
                 "[demo] checkpoint {version:>3}: sampled {} groups, mean reward {mean:.3}  ({:.1}s)",
                 opts.groups_per_step,
                 started.elapsed().as_secs_f64()
             );
-            rewards_per_version.push((version, mean));
-            version = wait_for_next_checkpoint(pool, version, worker).await?;
+            let next = wait_for_next_checkpoint(pool, version, worker).await?;
+            rewards_per_version.push((version, mean, next > version));
+            skipped_rounds = if next == version { skipped_rounds + 1 } else { 0 };
+            if skipped_rounds == CONVERGED_AFTER_SKIPPED_ROUNDS {
+                eprintln!("[demo] every group had zero reward variance {skipped_rounds} times in a row: converged");
+                break;
+            }
+            version = next;
         }
         Ok(rewards_per_version)
     }
 
     async fn load_policy(&self, pool: &PgPool, version: i64) -> Result<Policy> {
         let lora = get_model(pool, DEMO_NAME).await?.config.lora;
-        let mut policy = Policy::load(&self.model_dir, lora.as_ref(), Device::Cpu)?;
+        let policy = Policy::load(&self.model_dir, lora.as_ref(), Device::Cpu)?;
         if version > 0 {
             let dir = self.model_dir.with_file_name("env").join(format!("{version:06}"));
             let options = FetchOptions { replace_existing: true, ..FetchOptions::default() };
             fetch_checkpoint(&self.store, DEMO_NAME, version as u64, &dir, &options, &|_| {}).await?;
-            crate::checkpoint::load_adapter(&mut policy, &dir)?;
+            crate::checkpoint::peft::load_adapter(&policy, &dir)?;
         }
         Ok(policy)
     }
@@ -221,11 +241,12 @@ async fn wait_for_next_checkpoint(
     worker: &tokio::task::JoinHandle<Result<WorkerSummary>>,
 ) -> Result<i64> {
     loop {
+        // Counts first: if the batch is gone and the step still has not moved, it was skipped.
+        let counts = queue_counts(pool, Some(DEMO_NAME)).await?;
         let current = get_model(pool, DEMO_NAME).await?.current_step;
         if current > version {
             return Ok(current);
         }
-        let counts = queue_counts(pool, Some(DEMO_NAME)).await?;
         if counts.iter().all(|c| c.pending + c.claimed == 0) {
             return Ok(version);
         }
@@ -236,13 +257,13 @@ async fn wait_for_next_checkpoint(
     }
 }
 
-fn table_rows(sampled: &[(i64, f64)], summary: &WorkerSummary) -> Vec<DemoRow> {
+fn table_rows(sampled: &[(i64, f64, bool)]) -> Vec<DemoRow> {
     sampled
         .iter()
-        .map(|&(version, reward_mean)| DemoRow {
+        .map(|&(version, reward_mean, advanced)| DemoRow {
             policy_version: version,
             reward_mean,
-            loss: summary.steps.iter().find(|s| s.step == version + 1).and_then(|s| s.loss),
+            step: advanced.then_some(version + 1),
         })
         .collect()
 }

@@ -30,3 +30,17 @@ pub trait PolicyModel {
     /// Turns the LoRA adapters off (the base model, the KL reference) or back on.
     fn set_lora_enabled(&mut self, enabled: bool);
 }
+
+impl PolicyModel for crate::model::Policy {
+    fn token_logprobs(&self, input_ids: &Tensor, position_ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
+        crate::model::Policy::token_logprobs(self, input_ids, position_ids, targets)
+    }
+
+    fn trainable_variables(&self) -> Vec<Tensor> {
+        crate::model::Policy::trainable_variables(self)
+    }
+
+    fn set_lora_enabled(&mut self, enabled: bool) {
+        crate::model::Policy::set_lora_enabled(self, enabled)
+    }
+}

@@ -51,7 +51,7 @@ impl Engine {
                 let _ = reply.send(self.trainer.step(&mut self.policy, &batches));
             }
             Job::Save(dir, reply) => {
-                let _ = reply.send(weights_io::save(&self.policy, &self.trainer, &dir));
+                let _ = reply.send(weights_io::save(&self.policy, &self.trainer, &dir, &self.base_dir.display().to_string()));
             }
             Job::Restore(dir, reply) => {
                 let _ = reply.send(self.restore(dir.as_deref()));

@@ -13,7 +13,7 @@ mod record;
 mod step;
 mod weights_io;
 
-pub use options::{default_worker_id, ConfigOverrides, WorkerOptions, DEFAULT_POLL_INTERVAL};
+pub use options::{default_worker_id, ConfigOverrides, WorkerOptions, DEFAULT_POLL_INTERVAL, DEFAULT_UPLOAD_RETRY_PAUSE};
 pub use record::{summarize_trained, TrainedGroupsSummary};
 pub use step::StepOutcome;
 
@@ -156,3 +156,4 @@ fn log_step(r: &crate::db::steps::StepRecord) {
         r.checkpoint_uri.as_deref().unwrap_or("-")
     );
 }
+

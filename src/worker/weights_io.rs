@@ -3,7 +3,10 @@
 
 use std::path::Path;
 
-use crate::checkpoint::{self, CheckpointFormat};
+use crate::checkpoint::hf::save_full;
+use crate::checkpoint::peft::{load_adapter, save_adapter};
+use crate::checkpoint::tensor_file::{load_tensors, save_tensors};
+use crate::checkpoint::CheckpointFormat;
 use crate::error::Result;
 use crate::model::Policy;
 use crate::train::Trainer;
@@ -11,29 +14,30 @@ use crate::train::Trainer;
 /// File holding the AdamW moments and step count, next to the weights.
 pub(crate) const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 
-/// Writes the policy's trainable weights and the optimizer state into `dir`.
-pub(crate) fn save(policy: &Policy, trainer: &Trainer, dir: &Path) -> Result<CheckpointFormat> {
+/// Writes the policy's trainable weights and the optimizer state into `dir`; `base` is the base
+/// model's name or path, recorded in the adapter config.
+pub(crate) fn save(policy: &Policy, trainer: &Trainer, dir: &Path, base: &str) -> Result<CheckpointFormat> {
     let format = if policy.lora_config().is_some() {
-        checkpoint::save_adapter(policy, dir)?;
+        save_adapter(policy, dir, base)?;
         CheckpointFormat::PeftLora
     } else {
-        checkpoint::save_hf_model(policy, dir)?;
+        save_full(policy, dir)?;
         CheckpointFormat::HfFull
     };
-    checkpoint::save_tensors(&dir.join(OPTIMIZER_FILE), &trainer.optimizer().named_state())?;
+    save_tensors(&dir.join(OPTIMIZER_FILE), &trainer.optimizer().named_state())?;
     Ok(format)
 }
 
-/// Loads weights and optimizer state written by [`save`] into a freshly loaded policy.
+/// Loads weights and optimizer state written by [`save`] into a freshly loaded policy (a full
+/// fine-tune's checkpoint is a whole model: the policy is reloaded from it).
 pub(crate) fn load(policy: &mut Policy, trainer: &mut Trainer, dir: &Path) -> Result<()> {
-    if policy.lora_config().is_some() {
-        checkpoint::load_adapter(policy, dir)?;
-    } else {
-        checkpoint::load_hf_weights(policy, dir)?;
+    match policy.lora_config() {
+        Some(_) => load_adapter(policy, dir)?,
+        None => *policy = Policy::load(dir, None, policy.device())?,
     }
     let optimizer = dir.join(OPTIMIZER_FILE);
     if optimizer.is_file() {
-        let state = checkpoint::load_tensors(&optimizer, policy.device())?;
+        let state = load_tensors(&optimizer, policy.device())?;
         trainer.optimizer_mut().load_named_state(&state, &policy.trainable_variables())?;
     }
     Ok(())

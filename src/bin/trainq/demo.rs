@@ -16,7 +16,7 @@ pub(crate) struct DemoArgs {
     #[arg(long, default_value = ".trainq/demo")]
     dir: PathBuf,
     /// Training steps.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 20)]
     steps: u64,
     /// Groups sampled per step.
     #[arg(long, default_value_t = 8)]
@@ -40,11 +40,11 @@ pub(crate) fn run(args: DemoArgs) -> Result<()> {
     };
     let runtime = tokio::runtime::Runtime::new()?;
     let (rows, plot) = runtime.block_on(run_demo(&opts))?;
-    println!("\n| checkpoint | mean sampled reward | loss of the step trained on it |");
-    println!("|---:|---:|---:|");
+    println!("\n| sampled from checkpoint | mean reward | trained into |");
+    println!("|---:|---:|---|");
     for r in &rows {
-        let loss = r.loss.map(|l| format!("{l:.4}")).unwrap_or_else(|| "—".into());
-        println!("| {} | {:.3} | {loss} |", r.policy_version, r.reward_mean);
+        let step = r.step.map(|s| format!("step {s}")).unwrap_or_else(|| "no step: every group zero variance".into());
+        println!("| {} | {:.3} | {step} |", r.policy_version, r.reward_mean);
     }
     let (first, last) = (rows.first().map(|r| r.reward_mean), rows.last().map(|r| r.reward_mean));
     if let (Some(first), Some(last)) = (first, last) {
