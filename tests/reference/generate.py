@@ -123,8 +123,31 @@ def write_peft(out, base_dir, batches):
     model.save_pretrained(os.path.join(out, "qwen3_peft_adapter"))
     ids = batches["input_ids"]
     logits = torch.stack([per_document_logits(model, ids[b], [UNPACKED_LEN]) for b in range(2)])
+    grads = lora_gradients(model, batches)
     save_file({"input_ids": ids, "position_ids": batches["position_ids"],
-               "logits": logits.contiguous()}, os.path.join(out, "qwen3_peft_reference.safetensors"))
+               "logits": logits.contiguous(), **grads},
+              os.path.join(out, "qwen3_peft_reference.safetensors"))
+
+
+def lora_gradients(model, batches):
+    """Gradients of sum(coef * logprobs) over the packed batch (each document run alone) with
+    respect to every LoRA weight, keyed "grad.<PEFT key without .default>", plus "coef"."""
+    coef = torch.randn(batches["packed_targets"].shape, generator=torch.Generator().manual_seed(9))
+    with torch.enable_grad():
+        total = 0.0
+        for b, docs in enumerate(PACKED_DOCS):
+            start = 0
+            for n in docs:
+                doc = batches["packed_input_ids"][b, start:start + n].unsqueeze(0)
+                lp = logprobs_for(model(input_ids=doc).logits[0], batches["packed_targets"][b, start:start + n])
+                total = total + (coef[b, start:start + n] * lp).sum()
+                start += n
+        total.backward()
+    out = {"coef": coef}
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            out["grad." + name.replace(".default", "")] = p.grad.detach().clone()
+    return out
 
 
 def models(out):
