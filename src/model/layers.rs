@@ -107,9 +107,9 @@ impl Linear {
         let y = x.f_linear(&self.weight, self.bias.as_ref())?;
         match &self.lora {
             Some(l) if l.enabled.load(Ordering::Relaxed) => {
-                // (…, in) -> (…, r) -> (…, out)
-                let update = x.f_linear::<Tensor>(&l.lora_a, None)?.f_linear::<Tensor>(&l.lora_b, None)?;
-                y.f_add(&update.f_mul_scalar(l.scale)?)
+                // (…, in) -> (…, r), scaled there where it is cheapest, -> (…, out)
+                let low_rank = x.f_linear::<Tensor>(&l.lora_a, None)?.f_mul_scalar(l.scale)?;
+                y.f_add(&low_rank.f_linear::<Tensor>(&l.lora_b, None)?)
             }
             _ => Ok(y),
         }
