@@ -1,12 +1,12 @@
 """Reference outputs for trainq's model tests, made with torch + transformers + peft.
 
-    generate.py models OUT_DIR
+    model_ref.py models OUT_DIR
         Writes tiny random HF model directories (qwen3, qwen3_sharded, qwen2, llama3,
         unsupported_*) and, for each model NAME, NAME_reference.safetensors holding the inputs
         (unpacked and packed batches) and transformers' logits and per-token log-probs. Also a
         peft adapter with non-zero B (qwen3_peft_adapter/) and peft's logits for it
         (qwen3_peft_reference.safetensors).
-    generate.py logits INPUTS.safetensors OUT.safetensors MODEL_DIR [ADAPTER_DIR]
+    model_ref.py logits INPUTS.safetensors OUT.safetensors MODEL_DIR [ADAPTER_DIR]
         Loads MODEL_DIR with transformers (and the adapter through
         peft.PeftModel.from_pretrained) and writes the logits for INPUTS' input_ids (one row at
         a time, each row one document) as OUT's "logits".
