@@ -58,6 +58,24 @@ pub struct LossOutput {
     pub tokens: Tensor,
 }
 
+impl LossOutput {
+    /// All parts zero, for summing micro-batches with [`LossOutput::add_detached`].
+    pub fn zeros(device: tch::Device) -> Self {
+        let z = || Tensor::zeros([], (Kind::Float, device));
+        Self { loss: z(), policy_loss: z(), kl: z(), clipped_tokens: z(), ratio_sum: z(), tokens: z() }
+    }
+
+    /// Adds another micro-batch's parts (its loss detached).
+    pub fn add_detached(&mut self, other: &LossOutput) {
+        self.loss += other.loss.detach();
+        self.policy_loss += &other.policy_loss;
+        self.kl += &other.kl;
+        self.clipped_tokens += &other.clipped_tokens;
+        self.ratio_sum += &other.ratio_sum;
+        self.tokens += &other.tokens;
+    }
+}
+
 /// Computes the policy loss of one micro-batch (see the module docs for the formulas).
 pub fn policy_loss(inputs: &LossInputs<'_>, cfg: &LossConfig, normalizer: f64) -> Result<LossOutput> {
     check_inputs(inputs, cfg, normalizer)?;
