@@ -81,10 +81,13 @@ impl ChatTemplate {
 
 /// Makes a message safe for templates that treat `content` as a string: `null` content becomes
 /// `""` (OpenAI sends null next to tool calls; Python Jinja would fail on `'x' in None`), and a
-/// list of text parts becomes their concatenated text. Sampler fields are left in place.
+/// list of text parts becomes their concatenated text. The sampler's `token_ids` and `logprobs`
+/// are dropped: no template reads them, and they would be copied into every prefix render.
 fn normalize_message(message: &serde_json::Value) -> serde_json::Value {
     let mut message = message.clone();
     if let Some(obj) = message.as_object_mut() {
+        obj.remove("token_ids");
+        obj.remove("logprobs");
         let content = obj.get("content").cloned().unwrap_or(serde_json::Value::Null);
         let text = match content {
             serde_json::Value::Null => Some(String::new()),
@@ -190,11 +193,11 @@ mod tests {
     }
 
     #[test]
-    fn null_content_and_text_parts_become_strings() {
-        let source = "{% for m in messages %}[{{ m.content }}]{% endfor %}";
+    fn null_content_and_text_parts_become_strings_and_sampler_ids_are_dropped() {
+        let source = "{% for m in messages %}[{{ m.content }}{{ m.token_ids }}]{% endfor %}";
         let out = render(
             source,
-            json!([{"role": "assistant", "content": null}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]),
+            json!([{"role": "assistant", "content": null, "token_ids": [1]}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]),
         )
         .unwrap();
         assert_eq!(out, "[][ab]");
