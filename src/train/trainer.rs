@@ -80,8 +80,8 @@ impl Trainer {
             tokens: tokens as usize,
             sequences: batches.iter().map(MicroBatch::num_sequences).sum(),
             micro_batches: batches.len(),
-            clip_fraction: totals.clipped_tokens.double_value(&[]) / tokens.max(1.0),
-            mean_ratio: totals.ratio_sum.double_value(&[]) / tokens.max(1.0),
+            clip_fraction: totals.clip_fraction(),
+            mean_ratio: totals.mean_ratio(),
         })
     }
 
