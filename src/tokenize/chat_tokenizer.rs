@@ -13,7 +13,7 @@ use std::path::Path;
 use tokenizers::Tokenizer;
 
 use super::assistant_spans::{locate_assistant_spans, AssistantSpan};
-use super::chat_template::{ChatTemplate, RenderRequest};
+use super::chat_template::{ChatTemplate, PreparedConversation, RenderRequest};
 use super::trajectory::{parse_logprobs, TokenizeError, TokenizedTrajectory, Trajectory};
 use crate::error::{Error, Result};
 
@@ -89,8 +89,9 @@ impl ChatTokenizer {
 
     fn tokenize_chat(&self, messages: &[serde_json::Value], tools: Option<&serde_json::Value>) -> Result<TokenizedTrajectory, TokenizeError> {
         let template = self.template()?;
-        let full = template.render(RenderRequest { messages, tools, add_generation_prompt: false })?;
-        let spans = locate_assistant_spans(template, messages, tools, &full)?;
+        let conversation = PreparedConversation::new(messages, tools);
+        let full = template.render_prefix(&conversation, conversation.len(), false)?;
+        let spans = locate_assistant_spans(template, &conversation, &full)?;
         let encoding = self.tokenizer.encode(full.as_str(), false).map_err(|e| TokenizeError::Invalid(format!("tokenizer: {e}")))?;
         let ids: Vec<i64> = encoding.get_ids().iter().map(|&id| i64::from(id)).collect();
         let offsets = encoding.get_offsets();
