@@ -1,6 +1,6 @@
 //! The policy loss, its gradients and the optimizer step match PyTorch
 //! (tests/reference/loss_ref.py run with $TRAINQ_PYTHON), on a linear log-softmax policy whose
-//! weight W stands in for the LoRA weights.
+//! weight W stands in for the LoRA weights. `TRAINQ_TEST_DEVICE=cuda` runs our side on the GPU.
 
 use std::process::Command;
 
@@ -35,8 +35,8 @@ impl LinearPolicy {
     }
 
     fn logprobs_of(&self, ids: &[i64]) -> Vec<f32> {
-        let input = Tensor::from_slice(&ids[..ids.len() - 1]).unsqueeze(0);
-        let targets = Tensor::from_slice(&ids[1..]).unsqueeze(0);
+        let input = on_device(Tensor::from_slice(&ids[..ids.len() - 1]).unsqueeze(0));
+        let targets = on_device(Tensor::from_slice(&ids[1..]).unsqueeze(0));
         Vec::try_from(self.token_logprobs(&input, &input, &targets).unwrap().flatten(0, -1)).unwrap()
     }
 }
@@ -61,11 +61,27 @@ impl PolicyModel for LinearPolicy {
 fn random(rng: &mut StdRng, shape: &[i64], scale: f32) -> Tensor {
     let n = shape.iter().product::<i64>() as usize;
     let values: Vec<f32> = (0..n).map(|_| rng.gen_range(-scale..scale)).collect();
-    Tensor::from_slice(&values).reshape(shape)
+    on_device(Tensor::from_slice(&values).reshape(shape))
+}
+
+/// The device under test: CPU, or `TRAINQ_TEST_DEVICE=cuda` to check the GPU path against the
+/// same PyTorch (CPU) reference.
+fn test_device() -> Device {
+    match std::env::var("TRAINQ_TEST_DEVICE").as_deref() {
+        Ok("cuda") => {
+            assert!(tch::Cuda::is_available(), "TRAINQ_TEST_DEVICE=cuda but CUDA is not available");
+            Device::Cuda(0)
+        }
+        _ => Device::Cpu,
+    }
+}
+
+fn on_device(t: Tensor) -> Tensor {
+    t.to_device(test_device())
 }
 
 fn floats(t: &Tensor) -> Vec<f32> {
-    Vec::try_from(t.flatten(0, -1).to_kind(Kind::Float)).unwrap()
+    Vec::try_from(t.flatten(0, -1).to_kind(Kind::Float).to_device(Device::Cpu)).unwrap()
 }
 
 fn nan_as_null(values: &[f32]) -> Value {
@@ -123,7 +139,7 @@ fn token_data(weight: &Tensor) -> TokenData {
     let mut rng = StdRng::seed_from_u64(7);
     let n = 24;
     let x = random(&mut rng, &[n, DIM], 1.5);
-    let targets = Tensor::from_slice(&(0..n).map(|_| rng.gen_range(0..VOCAB)).collect::<Vec<i64>>());
+    let targets = on_device(Tensor::from_slice(&(0..n).map(|_| rng.gen_range(0..VOCAB)).collect::<Vec<i64>>()));
     let logp = x.matmul(weight).log_softmax(-1, Kind::Float).gather(1, &targets.unsqueeze(1), false).squeeze_dim(1);
     let mut sampler = floats(&(logp.detach() + random(&mut rng, &[n], 0.5)));
     for i in [3, 9, 16] {
@@ -151,8 +167,8 @@ fn loss_gradients_match_pytorch_for_ppo_cispo_gspo_kl_and_sequence_mean() {
         let mut w = weight.detach().copy().set_requires_grad(true);
         let logp = d.x.matmul(&w).log_softmax(-1, Kind::Float).gather(1, &d.targets.unsqueeze(1), false).squeeze_dim(1);
         let reference = with_kl.then(|| d.x.matmul(&reference_w).log_softmax(-1, Kind::Float).gather(1, &d.targets.unsqueeze(1), false).squeeze_dim(1));
-        let (sampler, advantages) = (Tensor::from_slice(&d.sampler), Tensor::from_slice(&d.advantages));
-        let (mask, seq) = (Tensor::from_slice(&d.mask), Tensor::from_slice(&d.sequence_index));
+        let (sampler, advantages) = (on_device(Tensor::from_slice(&d.sampler)), on_device(Tensor::from_slice(&d.advantages)));
+        let (mask, seq) = (on_device(Tensor::from_slice(&d.mask)), on_device(Tensor::from_slice(&d.sequence_index)));
         let inputs = LossInputs {
             logprobs: &logp,
             sampler_logprobs: &sampler,
@@ -169,7 +185,7 @@ fn loss_gradients_match_pytorch_for_ppo_cispo_gspo_kl_and_sequence_mean() {
         w.zero_grad();
         cases.push(json!({
             "config": serde_json::to_value(&cfg).unwrap(), "normalizer": normalizer,
-            "x": floats(&d.x), "w": floats(&weight), "targets": Vec::<i64>::try_from(&d.targets).unwrap(),
+            "x": floats(&d.x), "w": floats(&weight), "targets": Vec::<i64>::try_from(&d.targets.to_device(Device::Cpu)).unwrap(),
             "reference_w": with_kl.then(|| floats(&reference_w)),
             "sampler_logprobs": nan_as_null(&d.sampler), "advantages": d.advantages, "mask": d.mask, "sequence_index": d.sequence_index,
         }));
@@ -258,7 +274,7 @@ fn optimizer_steps_match_pytorch_adamw_with_clipping_and_accumulation() {
             "embed": embed, "w": w, "config": serde_json::to_value(cfg).unwrap(), "steps": STEPS,
             "batches": batches.iter().map(batch_json).collect::<Vec<_>>(),
         }));
-        let mut trainer = Trainer::new(cfg, Device::Cpu);
+        let mut trainer = Trainer::new(cfg, test_device());
         let steps: Vec<_> = (0..STEPS).map(|_| (trainer.step(&mut model, &batches).unwrap(), floats(&model.weight))).collect();
         ours.push(steps);
     }
@@ -288,7 +304,7 @@ fn training_steps_raise_the_logprob_of_positively_rewarded_tokens() {
     assert_eq!(batches.len(), 2, "a budget of 4 tokens puts each trajectory in its own micro-batch");
     let mut cfg = train_config(LossConfig { kl_coef: 0.01, ..LossConfig::default() });
     cfg.optimizer.max_grad_norm = 1.0;
-    let mut trainer = Trainer::new(&cfg, Device::Cpu);
+    let mut trainer = Trainer::new(&cfg, test_device());
     let before: f32 = model.logprobs_of(&good_ids).iter().sum();
     let first = trainer.step(&mut model, &batches).unwrap();
     let mut last = first.clone();

@@ -28,9 +28,9 @@ fn score_prints_null_then_the_log_prob_of_each_next_token() {
         let lps = line["logprobs"].as_array().unwrap();
         assert_eq!(lps.len(), rows[b].len());
         assert!(lps[0].is_null());
-        for t in 1..lps.len() {
+        for (t, lp) in lps.iter().enumerate().skip(1) {
             let want = expected.double_value(&[b as i64, t as i64 - 1]);
-            let got = lps[t].as_f64().unwrap();
+            let got = lp.as_f64().unwrap();
             assert!((got - want).abs() < TOLERANCE, "row {b} token {t}: {got} vs {want}");
         }
     }

@@ -86,3 +86,29 @@ fn a_conversation_longer_than_max_seq_len_is_reported_not_truncated() {
         other => panic!("expected TooLong, got {other:?}"),
     }
 }
+
+#[test]
+fn sampler_ids_splice_cleanly_when_the_turn_starts_inside_a_header_token() {
+    let tokenizer = ChatTokenizer::from_dir(&qwen3_dir()).unwrap();
+    let encode = |text: &str| -> Vec<i64> { tokenizer.tokenizer().encode(text, false).unwrap().get_ids().iter().map(|&i| i64::from(i)).collect() };
+    // An earlier turn whose content starts with "\n\n": Qwen3 renders "assistant\n" + "\n\nHello!",
+    // and the three newlines become one token that straddles the start of the turn.
+    let mut conv = json!({"messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "\n\nHello!"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": "Bye!"}
+    ]});
+    let plain = tokenizer.tokenize(&Trajectory::from_json(&conv).unwrap(), 4096).unwrap();
+    assert!(plain.ids.contains(&encode("\n\n\n")[0]) && encode("\n\n\n").len() == 1, "the straddling token exists");
+    let sampled = encode("<think>\nok\n</think>\n\nHello!<|im_end|>");
+    conv["messages"][1]["token_ids"] = json!(sampled);
+    let spliced = tokenizer.tokenize(&Trajectory::from_json(&conv).unwrap(), 4096).unwrap();
+    let prompt = encode("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    assert_eq!(spliced.ids[..prompt.len()], prompt[..], "the prompt is tokenized as the sampler saw it");
+    assert!(spliced.trained[..prompt.len()].iter().all(|t| !t));
+    assert_eq!(spliced.ids[prompt.len()..prompt.len() + sampled.len()], sampled[..]);
+    assert!(spliced.trained[prompt.len()..prompt.len() + sampled.len()].iter().all(|t| *t));
+    let rest = encode("\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nBye!<|im_end|>\n");
+    assert_eq!(spliced.ids[prompt.len() + sampled.len()..], rest[..]);
+}

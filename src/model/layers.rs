@@ -85,11 +85,11 @@ impl Linear {
         let bias = if bias { Some(init.bias(&path, &[out_dim])?) } else { None };
         let name = path.components().last().unwrap_or_default().to_string();
         let lora = match lora {
-            Some(spec) if spec.targets.iter().any(|t| *t == name) => {
+            Some(spec) if spec.targets.contains(&name) => {
                 let bound = 1.0 / (in_dim as f64).sqrt();
                 let options = (init.kind, path.device());
-                let a = Tensor::f_rand(&[spec.rank, in_dim], options)?.f_mul_scalar(2.0 * bound)?.f_sub_scalar(bound)?;
-                let b = Tensor::f_zeros(&[out_dim, spec.rank], options)?;
+                let a = Tensor::f_rand([spec.rank, in_dim], options)?.f_mul_scalar(2.0 * bound)?.f_sub_scalar(bound)?;
+                let b = Tensor::f_zeros([out_dim, spec.rank], options)?;
                 Some(LoraAdapter {
                     lora_a: (&path / "lora_A").add("weight", a, true),
                     lora_b: (&path / "lora_B").add("weight", b, true),
@@ -107,9 +107,9 @@ impl Linear {
         let y = x.f_linear(&self.weight, self.bias.as_ref())?;
         match &self.lora {
             Some(l) if l.enabled.load(Ordering::Relaxed) => {
-                // (…, in) -> (…, r) -> (…, out)
-                let update = x.f_linear::<Tensor>(&l.lora_a, None)?.f_linear::<Tensor>(&l.lora_b, None)?;
-                y.f_add(&update.f_mul_scalar(l.scale)?)
+                // (…, in) -> (…, r), scaled there where it is cheapest, -> (…, out)
+                let low_rank = x.f_linear::<Tensor>(&l.lora_a, None)?.f_mul_scalar(l.scale)?;
+                y.f_add(&low_rank.f_linear::<Tensor>(&l.lora_b, None)?)
             }
             _ => Ok(y),
         }

@@ -89,7 +89,7 @@ mod tests {
         let (n, h, v) = (LOGPROB_CHUNK_TOKENS + 37, 8, 50);
         let w = Tensor::randn([v, h], (Kind::Float, Device::Cpu));
         let leaf = Tensor::randn([n, h], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let mut t = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
+        let t = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
         let _ = t.get(5).fill_(-100);
         let upstream = Tensor::randn([n], (Kind::Float, Device::Cpu));
 

@@ -58,6 +58,34 @@ pub struct LossOutput {
     pub tokens: Tensor,
 }
 
+impl LossOutput {
+    /// All parts zero, for summing micro-batches with [`LossOutput::add_detached`].
+    pub fn zeros(device: tch::Device) -> Self {
+        let z = || Tensor::zeros([], (Kind::Float, device));
+        Self { loss: z(), policy_loss: z(), kl: z(), clipped_tokens: z(), ratio_sum: z(), tokens: z() }
+    }
+
+    /// Share of trained tokens whose ratio was clipped (reads the device: one host sync).
+    pub fn clip_fraction(&self) -> f64 {
+        self.clipped_tokens.double_value(&[]) / self.tokens.double_value(&[]).max(1.0)
+    }
+
+    /// Mean importance ratio over trained tokens (reads the device: one host sync).
+    pub fn mean_ratio(&self) -> f64 {
+        self.ratio_sum.double_value(&[]) / self.tokens.double_value(&[]).max(1.0)
+    }
+
+    /// Adds another micro-batch's parts (its loss detached).
+    pub fn add_detached(&mut self, other: &LossOutput) {
+        self.loss += other.loss.detach();
+        self.policy_loss += &other.policy_loss;
+        self.kl += &other.kl;
+        self.clipped_tokens += &other.clipped_tokens;
+        self.ratio_sum += &other.ratio_sum;
+        self.tokens += &other.tokens;
+    }
+}
+
 /// Computes the policy loss of one micro-batch (see the module docs for the formulas).
 pub fn policy_loss(inputs: &LossInputs<'_>, cfg: &LossConfig, normalizer: f64) -> Result<LossOutput> {
     check_inputs(inputs, cfg, normalizer)?;
@@ -156,7 +184,7 @@ mod tests {
         let seq = Tensor::from_slice(&[0i64, 0, 1, -1]);
         let out = policy_loss(&inputs_for(&new, &old, &adv, &mask, &seq), &LossConfig::default(), 3.0).unwrap();
         assert!((out.loss.double_value(&[]) - 0.0).abs() < 1e-6, "ratio 1 everywhere: −(1+1−2)/3");
-        assert_eq!(out.ratio_sum.double_value(&[]), 3.0);
+        assert_eq!((out.ratio_sum.double_value(&[]), out.mean_ratio()), (3.0, 1.0));
         assert_eq!(out.clipped_tokens.double_value(&[]), 0.0);
         out.loss.backward();
         let grad: Vec<f32> = Vec::try_from(new.grad()).unwrap();
@@ -172,6 +200,7 @@ mod tests {
         let seq = Tensor::from_slice(&[0i64, 1]);
         let out = policy_loss(&inputs_for(&new, &old, &adv, &mask, &seq), &LossConfig::default(), 2.0).unwrap();
         assert_eq!(out.clipped_tokens.double_value(&[]), 1.0);
+        assert_eq!(out.clip_fraction(), 0.5);
         out.loss.backward();
         let grad: Vec<f32> = Vec::try_from(new.grad()).unwrap();
         assert_eq!(grad[0], 0.0, "ratio e > 1.2 with A > 0 is clipped");

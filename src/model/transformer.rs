@@ -57,6 +57,15 @@ impl Attention {
         let k = apply_rotary(&heads(&self.k_proj, self.num_kv_heads, &self.k_norm)?, cos, sin)?;
         let v = heads(&self.v_proj, self.num_kv_heads, &None)?;
         let gqa = self.num_heads != self.num_kv_heads;
+        // With a mask, CUDA's memory-efficient kernel takes no GQA: repeat k/v to every head
+        // (B, KV, L, D) -> (B, H, L, D); without one, flash attention handles GQA itself.
+        let (k, v, gqa) = match mask {
+            Some(_) if gqa => {
+                let groups = self.num_heads / self.num_kv_heads;
+                (k.f_repeat_interleave_self_int(groups, 1, None)?, v.f_repeat_interleave_self_int(groups, 1, None)?, false)
+            }
+            _ => (k, v, gqa),
+        };
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, mask, 0.0, mask.is_none(), None, gqa)?;
         // (B, H, L, D) -> (B, L, H*D)
         let y = y.f_transpose(1, 2)?.f_reshape([b, l, self.num_heads * self.head_dim])?;

@@ -10,7 +10,7 @@
 //! with `reasoning_content` on an intermediate turn), the start is found by searching for the
 //! generation header (the text `add_generation_prompt` appends) after the previous turn.
 
-use super::chat_template::{ChatTemplate, RenderRequest};
+use super::chat_template::{ChatTemplate, PreparedConversation};
 use super::trajectory::TokenizeError;
 
 /// Byte range `[start, end)` of one assistant turn in the full render.
@@ -24,20 +24,17 @@ pub struct AssistantSpan {
     pub end: usize,
 }
 
-/// Finds the span of every assistant message in `full`, the render of all `messages`.
+/// Finds the span of every assistant message in `full`, the render of the whole conversation.
 pub fn locate_assistant_spans(
     template: &ChatTemplate,
-    messages: &[serde_json::Value],
-    tools: Option<&serde_json::Value>,
+    conversation: &PreparedConversation,
     full: &str,
 ) -> Result<Vec<AssistantSpan>, TokenizeError> {
-    let render = |upto: usize, add_generation_prompt: bool| {
-        template.render(RenderRequest { messages: &messages[..upto], tools, add_generation_prompt })
-    };
+    let render = |upto: usize, add_generation_prompt: bool| template.render_prefix(conversation, upto, add_generation_prompt);
     let mut spans = Vec::new();
     let mut cursor = 0;
-    for (i, message) in messages.iter().enumerate() {
-        if message.get("role").and_then(|r| r.as_str()) != Some("assistant") {
+    for i in 0..conversation.len() {
+        if conversation.role(i) != Some("assistant") {
             continue;
         }
         if i == 0 {
@@ -88,9 +85,9 @@ mod tests {
 
     fn spans(source: &str, messages: serde_json::Value) -> (String, Vec<(String, usize)>) {
         let template = ChatTemplate::new(source, None, Some("<|im_end|>".into())).unwrap();
-        let messages = messages.as_array().unwrap().clone();
-        let full = template.render(RenderRequest { messages: &messages, tools: None, add_generation_prompt: false }).unwrap();
-        let found = locate_assistant_spans(&template, &messages, None, &full).unwrap();
+        let conversation = PreparedConversation::new(messages.as_array().unwrap(), None);
+        let full = template.render_prefix(&conversation, conversation.len(), false).unwrap();
+        let found = locate_assistant_spans(&template, &conversation, &full).unwrap();
         let texts = found.iter().map(|s| (full[s.start..s.end].to_string(), s.message_index)).collect();
         (full, texts)
     }
@@ -108,7 +105,7 @@ mod tests {
     #[test]
     fn an_assistant_first_conversation_is_invalid() {
         let template = ChatTemplate::new(UNSTABLE_CHATML, None, Some("<|im_end|>".into())).unwrap();
-        let messages = vec![json!({"role": "assistant", "content": "x"})];
-        assert!(locate_assistant_spans(&template, &messages, None, "x").is_err());
+        let conversation = PreparedConversation::new(&[json!({"role": "assistant", "content": "x"})], None);
+        assert!(locate_assistant_spans(&template, &conversation, "x").is_err());
     }
 }

@@ -61,15 +61,20 @@ impl ChatTemplate {
 
     /// Renders messages to the text the model sees.
     pub fn render(&self, request: RenderRequest<'_>) -> Result<String> {
+        let conversation = PreparedConversation::new(request.messages, request.tools);
+        self.render_prefix(&conversation, conversation.len(), request.add_generation_prompt)
+    }
+
+    /// Renders the first `len` messages of a prepared conversation.
+    pub fn render_prefix(&self, conversation: &PreparedConversation, len: usize, add_generation_prompt: bool) -> Result<String> {
         let template = self
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| Error::Tokenize(format!("chat template: {e}")))?;
-        let messages: Vec<serde_json::Value> = request.messages.iter().map(normalize_message).collect();
         let context = minijinja::context! {
-            messages => Value::from(Serde(&messages)),
-            tools => request.tools.filter(|t| !t.is_null()).map(|t| Value::from(Serde(t))),
-            add_generation_prompt => request.add_generation_prompt,
+            messages => Value::from(conversation.messages[..len].to_vec()),
+            tools => conversation.tools.clone(),
+            add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
         };
@@ -79,12 +84,50 @@ impl ChatTemplate {
     }
 }
 
+/// Messages and tools converted once into template values (shared, cheap to slice), so that
+/// the many prefix renders of one conversation do not convert them again.
+#[derive(Debug, Clone)]
+pub struct PreparedConversation {
+    messages: Vec<Value>,
+    roles: Vec<Option<String>>,
+    tools: Option<Value>,
+}
+
+impl PreparedConversation {
+    /// Normalizes and converts `messages` and `tools` (see [`normalize_message`]).
+    pub fn new(messages: &[serde_json::Value], tools: Option<&serde_json::Value>) -> Self {
+        Self {
+            messages: messages.iter().map(|m| Value::from(Serde(normalize_message(m)))).collect(),
+            roles: messages.iter().map(|m| m.get("role").and_then(|r| r.as_str()).map(str::to_string)).collect(),
+            tools: tools.filter(|t| !t.is_null()).map(|t| Value::from(Serde(t))),
+        }
+    }
+
+    /// Number of messages.
+    pub fn len(&self) -> usize {
+        self.messages.len()
+    }
+
+    /// True when there are no messages.
+    pub fn is_empty(&self) -> bool {
+        self.messages.is_empty()
+    }
+
+    /// The `role` of message `index`.
+    pub fn role(&self, index: usize) -> Option<&str> {
+        self.roles.get(index)?.as_deref()
+    }
+}
+
 /// Makes a message safe for templates that treat `content` as a string: `null` content becomes
 /// `""` (OpenAI sends null next to tool calls; Python Jinja would fail on `'x' in None`), and a
-/// list of text parts becomes their concatenated text. Sampler fields are left in place.
+/// list of text parts becomes their concatenated text. The sampler's `token_ids` and `logprobs`
+/// are dropped: no template reads them, and they would be copied into every prefix render.
 fn normalize_message(message: &serde_json::Value) -> serde_json::Value {
     let mut message = message.clone();
     if let Some(obj) = message.as_object_mut() {
+        obj.remove("token_ids");
+        obj.remove("logprobs");
         let content = obj.get("content").cloned().unwrap_or(serde_json::Value::Null);
         let text = match content {
             serde_json::Value::Null => Some(String::new()),
@@ -190,11 +233,11 @@ mod tests {
     }
 
     #[test]
-    fn null_content_and_text_parts_become_strings() {
-        let source = "{% for m in messages %}[{{ m.content }}]{% endfor %}";
+    fn null_content_and_text_parts_become_strings_and_sampler_ids_are_dropped() {
+        let source = "{% for m in messages %}[{{ m.content }}{{ m.token_ids }}]{% endfor %}";
         let out = render(
             source,
-            json!([{"role": "assistant", "content": null}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]),
+            json!([{"role": "assistant", "content": null, "token_ids": [1]}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]),
         )
         .unwrap();
         assert_eq!(out, "[][ab]");

@@ -6,14 +6,16 @@
 //! (see [`super::assistant_spans`]) and mapped onto tokens through the tokenizer's byte offsets:
 //! a token is trained when it starts inside a span. Where an assistant message carries the
 //! sampler's `token_ids`, the tokens of its span are replaced by exactly those ids (and their
-//! `logprobs` kept); this needs a token boundary at both ends of the span, which is checked.
+//! `logprobs` kept). If a token straddles the start of such a span (content beginning with
+//! "\n" after a header ending in "\n"), the prompt text before it is tokenized on its own, as
+//! the sampler tokenized its prompt; the end must fall on a token boundary (checked).
 
 use std::path::Path;
 
 use tokenizers::Tokenizer;
 
 use super::assistant_spans::{locate_assistant_spans, AssistantSpan};
-use super::chat_template::{ChatTemplate, RenderRequest};
+use super::chat_template::{ChatTemplate, PreparedConversation, RenderRequest};
 use super::trajectory::{parse_logprobs, TokenizeError, TokenizedTrajectory, Trajectory};
 use crate::error::{Error, Result};
 
@@ -89,28 +91,45 @@ impl ChatTokenizer {
 
     fn tokenize_chat(&self, messages: &[serde_json::Value], tools: Option<&serde_json::Value>) -> Result<TokenizedTrajectory, TokenizeError> {
         let template = self.template()?;
-        let full = template.render(RenderRequest { messages, tools, add_generation_prompt: false })?;
-        let spans = locate_assistant_spans(template, messages, tools, &full)?;
+        let conversation = PreparedConversation::new(messages, tools);
+        let full = template.render_prefix(&conversation, conversation.len(), false)?;
+        let spans = locate_assistant_spans(template, &conversation, &full)?;
         let encoding = self.tokenizer.encode(full.as_str(), false).map_err(|e| TokenizeError::Invalid(format!("tokenizer: {e}")))?;
-        let ids: Vec<i64> = encoding.get_ids().iter().map(|&id| i64::from(id)).collect();
+        let ids = to_i64(encoding.get_ids());
         let offsets = encoding.get_offsets();
         let mut out = TokenizedTrajectory::default();
         let mut cursor = 0;
         for span in spans {
             let first = offsets.partition_point(|o| o.0 < span.start);
             let last = offsets.partition_point(|o| o.0 < span.end);
-            out.extend(&ids[cursor..first], false, None);
             match sampler_turn(&messages[span.message_index])? {
                 Some((token_ids, logprobs)) => {
-                    check_boundaries(offsets, first, last, &span)?;
+                    check_end_boundary(offsets, first, last, &span)?;
+                    if offsets.get(first).is_some_and(|o| o.0 == span.start) {
+                        out.extend(&ids[cursor..first], false, None);
+                    } else {
+                        // A token straddles the header and the turn (e.g. content starting with
+                        // "\n"): tokenize the prompt text up to the turn on its own, as the sampler did.
+                        let from = offsets.get(cursor).map_or(span.start, |o| o.0);
+                        out.extend(&self.encode(&full[from..span.start])?, false, None);
+                    }
                     self.splice_sampler_turn(&mut out, &token_ids, logprobs.as_deref(), ids.get(last.wrapping_sub(1)))?;
                 }
-                None => out.extend(&ids[first..last], true, None),
+                None => {
+                    out.extend(&ids[cursor..first], false, None);
+                    out.extend(&ids[first..last], true, None);
+                }
             }
             cursor = last;
         }
         out.extend(&ids[cursor..], false, None);
         Ok(out)
+    }
+
+    /// Token ids of `text`, without added special tokens.
+    fn encode(&self, text: &str) -> Result<Vec<i64>, TokenizeError> {
+        let encoding = self.tokenizer.encode(text, false).map_err(|e| TokenizeError::Invalid(format!("tokenizer: {e}")))?;
+        Ok(to_i64(encoding.get_ids()))
     }
 
     /// Puts the sampler's own ids for a turn in place of the template's; when they lack the
@@ -150,14 +169,17 @@ fn sampler_turn(message: &serde_json::Value) -> Result<Option<SamplerTurn>, Toke
     Ok(Some((ids, logprobs)))
 }
 
-fn check_boundaries(offsets: &[(usize, usize)], first: usize, last: usize, span: &AssistantSpan) -> Result<(), TokenizeError> {
-    let starts_clean = offsets.get(first).is_some_and(|o| o.0 == span.start);
-    let ends_clean = last > first && offsets[last - 1].1 == span.end;
-    if starts_clean && ends_clean {
+fn to_i64(ids: &[u32]) -> Vec<i64> {
+    ids.iter().map(|&id| i64::from(id)).collect()
+}
+
+/// A spliced turn must end on a token boundary (it does when it ends with a special token).
+fn check_end_boundary(offsets: &[(usize, usize)], first: usize, last: usize, span: &AssistantSpan) -> Result<(), TokenizeError> {
+    if last > first && offsets[last - 1].1 == span.end {
         Ok(())
     } else {
         Err(TokenizeError::Invalid(format!(
-            "message {}: a token straddles the assistant turn's boundary, cannot splice the sampler's token_ids",
+            "message {}: a token straddles the end of the assistant turn, cannot splice the sampler's token_ids",
             span.message_index
         )))
     }

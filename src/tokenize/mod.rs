@@ -10,7 +10,7 @@ pub mod chat_tokenizer;
 pub mod packing;
 pub mod trajectory;
 
-pub use chat_template::{ChatTemplate, RenderRequest};
+pub use chat_template::{ChatTemplate, PreparedConversation, RenderRequest};
 pub use chat_tokenizer::ChatTokenizer;
 pub use packing::{pack, MicroBatch, PackItem, PAD_TOKEN_ID};
 pub use trajectory::{TokenizeError, TokenizedTrajectory, Trajectory};

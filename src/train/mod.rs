@@ -4,7 +4,7 @@
 //! [`PolicyModel`], accumulating gradients of one globally normalized policy loss
 //! ([`crate::model::loss`]), clips the global gradient norm and applies [`AdamW`]. Data-parallel
 //! callers use its parts: [`Trainer::normalizer`] summed over ranks,
-//! [`Trainer::accumulate_gradients`], their all-reduce, then [`Trainer::apply_gradients`].
+//! [`Trainer::accumulate_gradients`], an all-reduce of the gradients, then [`Trainer::apply_gradients`].
 
 pub mod adamw;
 pub mod batch_tensors;
@@ -12,7 +12,7 @@ pub mod trainer;
 
 pub use adamw::{clip_grad_norm, AdamW};
 pub use batch_tensors::{to_tensors, MicroBatchTensors};
-pub use trainer::{LossTotals, StepMetrics, Trainer};
+pub use trainer::{StepMetrics, Trainer};
 
 use tch::Tensor;
 

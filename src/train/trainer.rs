@@ -1,6 +1,6 @@
 //! The optimizer step: gradient accumulation over micro-batches, grad clipping, AdamW.
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use super::adamw::{clip_grad_norm, AdamW};
 use super::batch_tensors::to_tensors;
@@ -33,39 +33,6 @@ pub struct StepMetrics {
     pub clip_fraction: f64,
     /// Mean importance ratio over trained tokens.
     pub mean_ratio: f64,
-}
-
-/// Loss parts summed over micro-batches, still on the device (no host sync until read).
-#[derive(Debug)]
-pub struct LossTotals {
-    /// Σ loss.
-    pub loss: Tensor,
-    /// Σ policy loss.
-    pub policy_loss: Tensor,
-    /// Σ kl.
-    pub kl: Tensor,
-    /// Σ clipped tokens.
-    pub clipped_tokens: Tensor,
-    /// Σ ratio over trained tokens.
-    pub ratio_sum: Tensor,
-    /// Σ trained tokens.
-    pub tokens: Tensor,
-}
-
-impl LossTotals {
-    fn zeros(device: Device) -> Self {
-        let z = || Tensor::zeros([], (Kind::Float, device));
-        Self { loss: z(), policy_loss: z(), kl: z(), clipped_tokens: z(), ratio_sum: z(), tokens: z() }
-    }
-
-    fn add(&mut self, out: &LossOutput) {
-        self.loss += out.loss.detach();
-        self.policy_loss += &out.policy_loss;
-        self.kl += &out.kl;
-        self.clipped_tokens += &out.clipped_tokens;
-        self.ratio_sum += &out.ratio_sum;
-        self.tokens += &out.tokens;
-    }
 }
 
 /// Runs optimizer steps of one policy.
@@ -113,8 +80,8 @@ impl Trainer {
             tokens: tokens as usize,
             sequences: batches.iter().map(MicroBatch::num_sequences).sum(),
             micro_batches: batches.len(),
-            clip_fraction: totals.clipped_tokens.double_value(&[]) / tokens.max(1.0),
-            mean_ratio: totals.ratio_sum.double_value(&[]) / tokens.max(1.0),
+            clip_fraction: totals.clip_fraction(),
+            mean_ratio: totals.mean_ratio(),
         })
     }
 
@@ -129,15 +96,16 @@ impl Trainer {
     }
 
     /// Zeroes the gradients, then runs forward and backward over every micro-batch with the
-    /// global `normalizer`, leaving the summed gradients on the trainable variables.
-    pub fn accumulate_gradients(&self, model: &mut impl PolicyModel, batches: &[MicroBatch], normalizer: f64) -> Result<LossTotals> {
+    /// global `normalizer`, leaving the summed gradients on the trainable variables. Returns the
+    /// loss parts summed over the micro-batches (detached, still on the device).
+    pub fn accumulate_gradients(&self, model: &mut impl PolicyModel, batches: &[MicroBatch], normalizer: f64) -> Result<LossOutput> {
         if normalizer <= 0.0 {
             return Err(Error::Tokenize("the step has no trained tokens".into()));
         }
         for mut v in model.trainable_variables() {
             v.zero_grad();
         }
-        let mut totals = LossTotals::zeros(self.device);
+        let mut totals = LossOutput::zeros(self.device);
         for batch in batches {
             let t = to_tensors(batch, self.device)?;
             let reference = if self.loss.kl_coef > 0.0 {
@@ -160,7 +128,7 @@ impl Trainer {
             };
             let out = policy_loss(&inputs, &self.loss, normalizer)?;
             out.loss.f_backward().map_err(Error::torch("backward of the policy loss"))?;
-            totals.add(&out);
+            totals.add_detached(&out);
         }
         Ok(totals)
     }

@@ -6,8 +6,9 @@ Renders and tokenizes the conversation ({"messages": [...], "tools": [...]}) wit
 AutoTokenizer.apply_chat_template(tokenize=True), exactly as a Hugging Face user would. Qwen3's
 template has no {% generation %} blocks, so return_assistant_tokens_mask is unavailable; the
 reference mask is found independently of trainq's prefix-render method, by locating assistant
-spans in the token ids: every token after an "<|im_start|>assistant\\n" header up to and
-including the next "<|im_end|>" is an assistant token.
+spans in the token ids: every token after an assistant header (the text add_generation_prompt
+appends, "<|im_start|>assistant\\n" for Qwen) up to and including the next eos token
+("<|im_end|>") is an assistant token.
 """
 import json
 import sys
@@ -41,8 +42,12 @@ def main():
     if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     ids = list(ids)
-    header = tok.encode("<|im_start|>assistant\n", add_special_tokens=False)
-    end_id = tok.convert_tokens_to_ids("<|im_end|>")
+    first = conv["messages"][:1]
+    with_prompt = tok.apply_chat_template(first, tokenize=False, add_generation_prompt=True)
+    without = tok.apply_chat_template(first, tokenize=False, add_generation_prompt=False)
+    assert with_prompt.startswith(without), "generation prompt is not a suffix"
+    header = tok.encode(with_prompt[len(without):], add_special_tokens=False)
+    end_id = tok.convert_tokens_to_ids(tok.eos_token)
     json.dump({"text": text, "ids": ids, "mask": assistant_mask(ids, header, end_id)}, open(out, "w"))
 
 

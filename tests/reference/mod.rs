@@ -1,4 +1,4 @@
-//! Runs tests/reference/generate.py (with $TRAINQ_PYTHON) once per test binary and hands the
+//! Runs tests/reference/model_ref.py (with $TRAINQ_PYTHON) once per test binary and hands the
 //! tests its output directory and tensors.
 #![allow(dead_code, unreachable_pub)]
 
@@ -28,13 +28,13 @@ pub fn dir() -> &'static Path {
 pub fn run(args: &[&str]) {
     let python = std::env::var("TRAINQ_PYTHON")
         .expect("TRAINQ_PYTHON must name a python with torch, transformers and peft (source ~/.cache/trainq/env.sh)");
-    let mut script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/generate.py");
+    let mut script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference/model_ref.py");
     if !script.exists() {
         // a test binary copied to another machine runs from the repository root
-        script = PathBuf::from("tests/reference/generate.py");
+        script = PathBuf::from("tests/reference/model_ref.py");
     }
     let out = Command::new(python).arg(script).args(args).output().expect("run the reference generator");
-    assert!(out.status.success(), "generate.py {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "model_ref.py {args:?} failed:\n{}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// The named tensor of a safetensors file.

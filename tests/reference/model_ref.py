@@ -1,12 +1,12 @@
 """Reference outputs for trainq's model tests, made with torch + transformers + peft.
 
-    generate.py models OUT_DIR
+    model_ref.py models OUT_DIR
         Writes tiny random HF model directories (qwen3, qwen3_sharded, qwen2, llama3,
         unsupported_*) and, for each model NAME, NAME_reference.safetensors holding the inputs
         (unpacked and packed batches) and transformers' logits and per-token log-probs. Also a
         peft adapter with non-zero B (qwen3_peft_adapter/) and peft's logits for it
         (qwen3_peft_reference.safetensors).
-    generate.py logits INPUTS.safetensors OUT.safetensors MODEL_DIR [ADAPTER_DIR]
+    model_ref.py logits INPUTS.safetensors OUT.safetensors MODEL_DIR [ADAPTER_DIR]
         Loads MODEL_DIR with transformers (and the adapter through
         peft.PeftModel.from_pretrained) and writes the logits for INPUTS' input_ids (one row at
         a time, each row one document) as OUT's "logits".
@@ -123,8 +123,31 @@ def write_peft(out, base_dir, batches):
     model.save_pretrained(os.path.join(out, "qwen3_peft_adapter"))
     ids = batches["input_ids"]
     logits = torch.stack([per_document_logits(model, ids[b], [UNPACKED_LEN]) for b in range(2)])
+    grads = lora_gradients(model, batches)
     save_file({"input_ids": ids, "position_ids": batches["position_ids"],
-               "logits": logits.contiguous()}, os.path.join(out, "qwen3_peft_reference.safetensors"))
+               "logits": logits.contiguous(), **grads},
+              os.path.join(out, "qwen3_peft_reference.safetensors"))
+
+
+def lora_gradients(model, batches):
+    """Gradients of sum(coef * logprobs) over the packed batch (each document run alone) with
+    respect to every LoRA weight, keyed "grad.<PEFT key without .default>", plus "coef"."""
+    coef = torch.randn(batches["packed_targets"].shape, generator=torch.Generator().manual_seed(9))
+    with torch.enable_grad():
+        total = 0.0
+        for b, docs in enumerate(PACKED_DOCS):
+            start = 0
+            for n in docs:
+                doc = batches["packed_input_ids"][b, start:start + n].unsqueeze(0)
+                lp = logprobs_for(model(input_ids=doc).logits[0], batches["packed_targets"][b, start:start + n])
+                total = total + (coef[b, start:start + n] * lp).sum()
+                start += n
+        total.backward()
+    out = {"coef": coef}
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            out["grad." + name.replace(".default", "")] = p.grad.detach().clone()
+    return out
 
 
 def models(out):
