@@ -106,6 +106,7 @@ CREATE TABLE trainq.groups (
 CREATE INDEX groups_pending_by_model ON trainq.groups (model, id) WHERE state = 'pending';
 CREATE INDEX groups_claimed_by_lease ON trainq.groups (lease_expires_at) WHERE state = 'claimed';
 CREATE INDEX groups_by_claim_token ON trainq.groups (claim_token) WHERE claim_token IS NOT NULL;
+CREATE INDEX groups_by_model_state ON trainq.groups (model, state);
 
 COMMENT ON TABLE trainq.groups IS
   'One row per submitted group (the rollouts of one prompt). Producers INSERT model, trajectories, policy_version, metadata; the rest is the queue''s.';
