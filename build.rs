@@ -9,6 +9,8 @@ const GPU_MACHINE_TORCH_LIB: &str = "/opt/torch/.venv/lib/python3.12/site-packag
 
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
+    // sqlx::migrate!() embeds migrations/ at compile time: rebuild when they change.
+    println!("cargo:rerun-if-changed=migrations");
     let Some(libtorch) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         return;
     };

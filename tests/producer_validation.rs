@@ -219,3 +219,22 @@ async fn copy_and_multi_row_insert_go_through_the_same_validation() {
     let stds: Vec<f64> = sqlx::query_scalar("SELECT reward_std FROM trainq.groups ORDER BY id").fetch_all(&db.pool).await.unwrap();
     assert_eq!(stds, vec![0.5, 0.0, 0.25]);
 }
+
+#[tokio::test]
+async fn a_valid_group_that_the_fast_path_flags_is_still_stored() {
+    // `tool_calls: null` on a user message and top-level `logprobs` beside messages make the
+    // jsonpath fast path look closer; the exact walk accepts them.
+    let db = setup().await;
+    let group = json!([{
+        "messages": [{"role": "user", "content": "x", "tool_calls": null}, {"role": "assistant", "content": "y"}],
+        "logprobs": [-1.0],
+        "reward": 1
+    }]);
+    let flagged: bool = sqlx::query_scalar("SELECT trainq.group_may_be_invalid($1)").bind(&group).fetch_one(&db.pool).await.unwrap();
+    assert!(flagged);
+    sqlx::query("INSERT INTO trainq.groups (model, trajectories) VALUES ('m1', $1)").bind(&group).execute(&db.pool).await.unwrap();
+    assert_eq!(db.group_count().await, 1);
+    let typical = chat_group(&[0.0, 1.0]);
+    let flagged: bool = sqlx::query_scalar("SELECT trainq.group_may_be_invalid($1)").bind(&typical).fetch_one(&db.pool).await.unwrap();
+    assert!(!flagged, "a typical valid group takes the fast path");
+}

@@ -73,3 +73,33 @@ async fn wait_for_groups_returns_at_once_when_groups_are_already_pending() {
     assert!(trainq::queue::wait_for_groups(&db.pool, "m1", Duration::from_secs(60)).await.unwrap());
     assert!(started.elapsed() < Duration::from_secs(30));
 }
+
+#[tokio::test]
+async fn a_concurrent_insert_of_the_same_model_leaves_the_notification_to_the_open_notifier() {
+    let db = TestDb::new().await;
+    db.create_model("m1").await;
+    db.create_model("sentinel").await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&db.pool).await.unwrap();
+    listener.listen("trainq_groups").await.unwrap();
+    // A inserts and holds the model's notify slot until it commits.
+    let mut a = db.pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO trainq.groups (model, trajectories) VALUES ('m1', $1)")
+        .bind(chat_group(&[0.0, 1.0]))
+        .execute(&mut *a)
+        .await
+        .unwrap();
+    submit(&db.pool, "m1").await; // B commits meanwhile and skips its NOTIFY
+    a.commit().await.unwrap(); // A's NOTIFY goes out
+    submit(&db.pool, "sentinel").await; // delivered after everything above (commit order)
+    let mut m1_notes = 0;
+    loop {
+        let note = tokio::time::timeout(Duration::from_secs(30), listener.recv()).await.unwrap().unwrap();
+        match note.payload() {
+            "sentinel" => break,
+            "m1" => m1_notes += 1,
+            other => panic!("unexpected payload {other}"),
+        }
+    }
+    assert_eq!(m1_notes, 1, "two inserts of m1, one notification");
+    assert_eq!(db::count_pending(&db.pool, "m1").await.unwrap(), 2);
+}

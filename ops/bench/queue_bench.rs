@@ -1,7 +1,7 @@
 //! Queue benchmark (not a test): submit throughput against raw INSERT of the same bytes, and
 //! claim + complete throughput. Creates and drops its own database on $DATABASE_URL's server.
 //!
-//!     source ~/.cache/trainq/env.sh && cargo run --release --example queue_bench
+//!     source ~/.cache/trainq/env.sh && cargo run --example queue_bench [-- --help]
 //!
 //! Prints a markdown table; ops/bench/RESULTS.md keeps the numbers of this machine.
 

@@ -2,9 +2,10 @@
 //! (skip, fail, release) fenced on the claim token; the rescuer's query for expired leases.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{PgPool, Postgres};
 use uuid::Uuid;
 
+use super::sqlstate;
 use crate::config::DEFAULT_MAX_ATTEMPTS;
 use crate::error::{Error, Result};
 use crate::rl::{GroupRewards, SkippedGroup};
@@ -115,90 +116,103 @@ pub async fn extend_lease(pool: &PgPool, token: Uuid, lease_seconds: f64) -> Res
     Ok(done.rows_affected())
 }
 
-/// Fails the transaction's fenced write unless it touched exactly `expected` rows.
-pub(crate) async fn ensure_fenced(
-    tx: &mut Transaction<'_, Postgres>,
-    ids: &[Uuid],
-    touched: u64,
-) -> Result<()> {
-    if touched == ids.len() as u64 {
-        return Ok(());
-    }
-    let model: Option<String> =
-        sqlx::query_scalar("SELECT model FROM trainq.groups WHERE id = ANY($1) LIMIT 1")
-            .bind(ids)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(Error::db("look up model of lost claim"))?;
-    Err(Error::LostClaim { model: model.unwrap_or_default(), groups: ids.len() })
+/// Wraps a fenced `UPDATE` (no RETURNING) into one statement that raises SQLSTATE
+/// [`sqlstate::LOST_CLAIM`] — so the statement, and any transaction around it, writes nothing —
+/// unless it touched exactly `$expected` rows.
+pub(crate) fn fenced(update: &str, expected: &str) -> String {
+    format!(
+        "WITH done AS ({update} RETURNING 1) \
+         SELECT trainq.refuse('{}', format('claim lost: %s of %s group(s) no longer held by the token', \
+                {expected} - c.n, {expected})) \
+         FROM (SELECT count(*) AS n FROM done) c WHERE c.n <> {expected}",
+        sqlstate::LOST_CLAIM
+    )
 }
 
-/// Marks groups `skipped` with reason, std and detail, in `tx`, fenced on `token`.
-pub(crate) async fn skip_in(tx: &mut Transaction<'_, Postgres>, token: Uuid, skips: &[SkippedGroup]) -> Result<()> {
+/// Runs a query built by [`fenced`]; a lost claim becomes [`Error::LostClaim`] naming the model.
+pub(crate) async fn execute_fenced<'q, 'e, E>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    executor: E,
+    pool: &PgPool,
+    ids: &[Uuid],
+    what: String,
+) -> Result<()>
+where
+    E: sqlx::PgExecutor<'e>,
+{
+    match query.execute(executor).await {
+        Ok(_) => Ok(()),
+        Err(err) if sqlstate::code_of(&err).as_deref() == Some(sqlstate::LOST_CLAIM) => {
+            let model: Option<String> = sqlx::query_scalar("SELECT model FROM trainq.groups WHERE id = ANY($1) LIMIT 1")
+                .bind(ids)
+                .fetch_optional(pool)
+                .await
+                .map_err(Error::db("look up the model of a lost claim"))?;
+            Err(Error::LostClaim { model: model.unwrap_or_default(), groups: ids.len() })
+        }
+        Err(err) => Err(Error::db(what)(err)),
+    }
+}
+
+const SKIP_UPDATE: &str = "\
+    UPDATE trainq.groups g \
+    SET state = 'skipped', skip_reason = s.reason::trainq.skip_reason, skip_std = s.std, \
+        skip_detail = s.detail, finished_at = now() \
+    FROM unnest($2::uuid[], $3::text[], $4::float8[], $5::text[]) AS s (id, reason, std, detail) \
+    WHERE g.id = s.id AND g.claim_token = $1 AND g.state = 'claimed'";
+
+/// Marks groups `skipped` with reason, std and detail through `executor` (a pool or an open
+/// transaction), fenced on `token`.
+pub(crate) async fn skip_with<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    pool: &PgPool,
+    token: Uuid,
+    skips: &[SkippedGroup],
+) -> Result<()> {
+    if skips.is_empty() {
+        return Ok(());
+    }
     let ids: Vec<Uuid> = skips.iter().map(|s| s.id).collect();
     let reasons: Vec<&str> = skips.iter().map(|s| s.reason.as_str()).collect();
     let stds: Vec<Option<f64>> = skips.iter().map(|s| s.std).collect();
     let details: Vec<Option<String>> = skips.iter().map(|s| s.detail.clone()).collect();
-    let done = sqlx::query(
-        "UPDATE trainq.groups g \
-         SET state = 'skipped', skip_reason = s.reason::trainq.skip_reason, skip_std = s.std, \
-             skip_detail = s.detail, finished_at = now() \
-         FROM unnest($2::uuid[], $3::text[], $4::float8[], $5::text[]) AS s (id, reason, std, detail) \
-         WHERE g.id = s.id AND g.claim_token = $1 AND g.state = 'claimed'",
-    )
-    .bind(token)
-    .bind(&ids)
-    .bind(&reasons)
-    .bind(&stds)
-    .bind(&details)
-    .execute(&mut **tx)
-    .await
-    .map_err(Error::db(format!("skip {} group(s) of claim {token}", skips.len())))?;
-    ensure_fenced(tx, &ids, done.rows_affected()).await
+    let sql = fenced(SKIP_UPDATE, "$6::bigint");
+    let query = sqlx::query(&sql).bind(token).bind(&ids).bind(&reasons).bind(&stds).bind(&details).bind(ids.len() as i64);
+    execute_fenced(query, executor, pool, &ids, format!("skip {} group(s) of claim {token}", ids.len())).await
 }
 
-/// Marks groups `skipped` (zero_variance, stale, …) in one transaction, fenced on `token`:
+/// Marks groups `skipped` (zero_variance, stale, …) in one statement, fenced on `token`:
 /// [`Error::LostClaim`] and nothing written if any group is no longer held by it.
 pub async fn skip_groups(pool: &PgPool, token: Uuid, skips: &[SkippedGroup]) -> Result<()> {
-    let mut tx = pool.begin().await.map_err(Error::db("begin skip"))?;
-    skip_in(&mut tx, token, skips).await?;
-    tx.commit().await.map_err(Error::db("commit skip"))
+    skip_with(pool, pool, token, skips).await
 }
 
 /// Marks groups `failed` with `error`, fenced on `token` (no retry; see [`release_groups`]).
 pub async fn fail_groups(pool: &PgPool, token: Uuid, ids: &[Uuid], error: &str) -> Result<()> {
-    let mut tx = pool.begin().await.map_err(Error::db("begin fail"))?;
-    let done = sqlx::query(
+    let sql = fenced(
         "UPDATE trainq.groups SET state = 'failed', error = $3, finished_at = now() \
          WHERE id = ANY($2) AND claim_token = $1 AND state = 'claimed'",
-    )
-    .bind(token)
-    .bind(ids)
-    .bind(error)
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db(format!("fail {} group(s) of claim {token}", ids.len())))?;
-    ensure_fenced(&mut tx, ids, done.rows_affected()).await?;
-    tx.commit().await.map_err(Error::db("commit fail"))
+        "$4::bigint",
+    );
+    let query = sqlx::query(&sql).bind(token).bind(ids).bind(error).bind(ids.len() as i64);
+    execute_fenced(query, pool, pool, ids, format!("fail {} group(s) of claim {token}", ids.len())).await
 }
 
 /// Gives groups back after an error, fenced on `token`: attempts + 1, then `pending` again, or
 /// `failed` once attempts reach the model's `queue.max_attempts`; `error` is kept either way.
 pub async fn release_groups(pool: &PgPool, token: Uuid, ids: &[Uuid], error: &str) -> Result<()> {
-    let mut tx = pool.begin().await.map_err(Error::db("begin release"))?;
-    let done = sqlx::query(&format!(
-        "{RETRY_OR_FAIL} g.id = ANY($5) AND g.claim_token = $4 AND g.state = 'claimed'"
-    ))
-    .bind(error)
-    .bind(DEFAULT_MAX_ATTEMPTS)
-    .bind(None::<DateTime<Utc>>)
-    .bind(token)
-    .bind(ids)
-    .execute(&mut *tx)
-    .await
-    .map_err(Error::db(format!("release {} group(s) of claim {token}", ids.len())))?;
-    ensure_fenced(&mut tx, ids, done.rows_affected()).await?;
-    tx.commit().await.map_err(Error::db("commit release"))
+    let sql = fenced(
+        &format!("{RETRY_OR_FAIL} g.id = ANY($5) AND g.claim_token = $4 AND g.state = 'claimed'"),
+        "$6::bigint",
+    );
+    let query = sqlx::query(&sql)
+        .bind(error)
+        .bind(DEFAULT_MAX_ATTEMPTS)
+        .bind(None::<DateTime<Utc>>)
+        .bind(token)
+        .bind(ids)
+        .bind(ids.len() as i64);
+    execute_fenced(query, pool, pool, ids, format!("release {} group(s) of claim {token}", ids.len())).await
 }
 
 /// The update shared by release and rescue: $1 error text, $2 default max_attempts, $3 clock.

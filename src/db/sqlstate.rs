@@ -41,6 +41,10 @@ pub const NOT_AN_OBJECT: &str = "TQ018";
 /// `tools` malformed.
 pub const TOOLS_MALFORMED: &str = "TQ019";
 
+/// A fenced write found groups no longer held by its claim token (raised by trainq's own
+/// queries, never by producer input); the statement wrote nothing.
+pub const LOST_CLAIM: &str = "TQ100";
+
 /// The SQLSTATE of a database error, if `err` is one.
 pub fn code_of(err: &sqlx::Error) -> Option<String> {
     match err {
@@ -49,9 +53,9 @@ pub fn code_of(err: &sqlx::Error) -> Option<String> {
     }
 }
 
-/// Whether `code` is one of trainq's producer-input errors (class `TQ`): retrying cannot help.
+/// Whether `code` is one of trainq's producer-input errors (`TQ0xx`): retrying cannot help.
 pub fn is_bad_input(code: &str) -> bool {
-    code.starts_with("TQ")
+    code.starts_with("TQ0")
 }
 
 /// Whether `code` is a transient failure (serialization, deadlock, connection) worth retrying.
@@ -69,5 +73,6 @@ mod tests {
         assert!(!is_retryable(REWARD_NOT_FINITE));
         assert!(is_retryable("40P01"));
         assert!(!is_bad_input("23505"));
+        assert!(!is_bad_input(LOST_CLAIM));
     }
 }

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
-use super::claims::{ensure_fenced, skip_in};
+use super::claims::{execute_fenced, fenced, skip_with};
 use crate::error::{Error, Result};
 use crate::rl::SkippedGroup;
 
@@ -93,8 +93,8 @@ pub async fn commit_step(
 ) -> Result<()> {
     let what = format!("commit step {} of model {:?}", step.step, step.model);
     let mut tx = pool.begin().await.map_err(Error::db(what.clone()))?;
-    mark_trained(&mut tx, token, trained_ids, step.step).await?;
-    skip_in(&mut tx, token, skipped).await?;
+    mark_trained(&mut tx, pool, token, trained_ids, step.step).await?;
+    skip_with(&mut *tx, pool, token, skipped).await?;
     insert_step(&mut tx, step).await.map_err(Error::db(what.clone()))?;
     if let Some(c) = checkpoint {
         insert_checkpoint(&mut tx, c).await.map_err(Error::db(format!("{what}: checkpoint")))?;
@@ -115,18 +115,23 @@ pub async fn commit_step(
     tx.commit().await.map_err(Error::db(what))
 }
 
-async fn mark_trained(tx: &mut Transaction<'_, Postgres>, token: Uuid, ids: &[Uuid], step: i64) -> Result<()> {
-    let done = sqlx::query(
+async fn mark_trained(
+    tx: &mut Transaction<'_, Postgres>,
+    pool: &PgPool,
+    token: Uuid,
+    ids: &[Uuid],
+    step: i64,
+) -> Result<()> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let sql = fenced(
         "UPDATE trainq.groups SET state = 'trained', step = $3, finished_at = now() \
          WHERE id = ANY($2) AND claim_token = $1 AND state = 'claimed'",
-    )
-    .bind(token)
-    .bind(ids)
-    .bind(step)
-    .execute(&mut **tx)
-    .await
-    .map_err(Error::db(format!("mark {} group(s) trained at step {step}", ids.len())))?;
-    ensure_fenced(tx, ids, done.rows_affected()).await
+        "$4::bigint",
+    );
+    let query = sqlx::query(&sql).bind(token).bind(ids).bind(step).bind(ids.len() as i64);
+    execute_fenced(query, &mut **tx, pool, ids, format!("mark {} group(s) trained at step {step}", ids.len())).await
 }
 
 async fn insert_step(tx: &mut Transaction<'_, Postgres>, s: &StepRecord) -> std::result::Result<(), sqlx::Error> {

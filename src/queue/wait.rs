@@ -11,8 +11,10 @@ use crate::error::{Error, Result};
 
 /// The channel `INSERT INTO trainq.groups` notifies, with the model name as payload.
 pub const GROUPS_CHANNEL: &str = "trainq_groups";
-/// How often a waiter re-checks the table when no notification comes.
-pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(5);
+/// How often a waiter re-checks the table when no notification comes. Short, because a producer
+/// skips its NOTIFY while another transaction of the same model is notifying (see migration 0005),
+/// and the check is one index probe.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Waits for pending groups of a model; reuse it across steps to keep one LISTEN connection.
 #[derive(Debug)]

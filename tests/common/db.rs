@@ -68,23 +68,28 @@ impl TestDb {
     }
 }
 
+/// Runs one statement as the admin user from a thread and runtime of its own, because `Drop` may
+/// run inside (or after) the test's runtime; prints what went wrong.
+fn run_admin_statement(sql: String) {
+    let url = admin_url().to_string();
+    let outcome = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let admin = PgPool::connect(&url).await?;
+            sqlx::query(&sql).execute(&admin).await?;
+            admin.close().await;
+            Ok::<_, sqlx::Error>(())
+        })
+    })
+    .join();
+    if let Ok(Err(err)) = outcome {
+        eprintln!("test cleanup failed: {err}");
+    }
+}
+
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let (url, name) = (self.admin_url.to_string(), self.name.clone());
-        // A runtime of its own: Drop may run inside (or after) the test's runtime.
-        let dropped = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async {
-                let admin = PgPool::connect(&url).await?;
-                sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(&admin).await?;
-                admin.close().await;
-                Ok::<_, sqlx::Error>(())
-            })
-        })
-        .join();
-        if let Ok(Err(err)) = dropped {
-            eprintln!("could not drop test database {}: {err}", self.name);
-        }
+        run_admin_statement(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name));
     }
 }
 
@@ -135,16 +140,6 @@ impl TestRole {
 
 impl Drop for TestRole {
     fn drop(&mut self) {
-        let (url, name) = (admin_url().to_string(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-            rt.block_on(async {
-                let admin = PgPool::connect(&url).await?;
-                sqlx::query(&format!("DROP ROLE IF EXISTS {name}")).execute(&admin).await?;
-                admin.close().await;
-                Ok::<_, sqlx::Error>(())
-            })
-        })
-        .join();
+        run_admin_statement(format!("DROP ROLE IF EXISTS {}", self.name));
     }
 }

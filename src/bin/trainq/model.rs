@@ -123,7 +123,7 @@ pub(crate) fn run(command: ModelCommand) -> Result<()> {
             }
             ModelCommand::List { db: args } => {
                 let pool = args.connect(2).await?;
-                println!("{:<24} {:>8}  {:<6} {}", "MODEL", "STEP", "KIND", "BASE");
+                println!("{:<24} {:>8}  {:<6} BASE", "MODEL", "STEP", "KIND");
                 for m in db::list_models(&pool).await? {
                     let kind = if m.config.lora.is_some() { "lora" } else { "full" };
                     println!("{:<24} {:>8}  {:<6} {}", m.name, m.current_step, kind, m.base);

@@ -53,8 +53,8 @@ pub(crate) fn run_status(args: StatusArgs) -> Result<()> {
         let pool = args.db.connect(2).await?;
         let counts = db::queue_counts(&pool, args.model.as_deref()).await?;
         println!(
-            "{:<20} {:>6} {:>8} {:>8} {:>8} {:>6}  {:<12} {}",
-            "MODEL", "STEP", "PENDING", "CLAIMED", "TRAINED", "FAILED", "OLDEST", "SKIPPED"
+            "{:<20} {:>6} {:>8} {:>8} {:>8} {:>6}  {:<12} SKIPPED",
+            "MODEL", "STEP", "PENDING", "CLAIMED", "TRAINED", "FAILED", "OLDEST"
         );
         for c in &counts {
             println!(
@@ -68,7 +68,7 @@ pub(crate) fn run_status(args: StatusArgs) -> Result<()> {
             println!("\nno workers registered");
             return Ok(());
         }
-        println!("\n{:<28} {:<20} {:<16} {:>10}  {}", "WORKER", "HOST", "MODEL", "HEARTBEAT", "DEVICES");
+        println!("\n{:<28} {:<20} {:<16} {:>10}  DEVICES", "WORKER", "HOST", "MODEL", "HEARTBEAT");
         for w in workers {
             let age = (Utc::now() - w.heartbeat_at).num_milliseconds() as f64 / 1000.0;
             println!(
@@ -119,8 +119,8 @@ pub(crate) fn run_steps(args: StepsArgs) -> Result<()> {
             return Ok(());
         }
         println!(
-            "{:>6} {:<20} {:>11} {:<28} {:>9} {:>9} {:>9} {:>9} {:>6} {:<5} {}",
-            "STEP", "FINISHED", "TRAINED", "SKIPPED", "REWARD", "STD_MEAN", "LOSS", "GRADNORM", "LAG", "ASYNC", "CHECKPOINT"
+            "{:>6} {:<20} {:>11} {:<28} {:>9} {:>9} {:>9} {:>9} {:>6} {:<5} CHECKPOINT",
+            "STEP", "FINISHED", "TRAINED", "SKIPPED", "REWARD", "STD_MEAN", "LOSS", "GRADNORM", "LAG", "ASYNC"
         );
         for s in &steps {
             println!("{}", step_line(s));
