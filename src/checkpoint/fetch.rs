@@ -166,7 +166,7 @@ impl FileDownload<'_> {
         }
         out.flush().await.map_err(Error::io(&self.local))?;
         out.sync_all().await.map_err(Error::io(&self.local))?;
-        self.verify(&key.to_string(), bytes, hex::encode(hasher.finalize()))
+        self.verify(key.as_ref(), bytes, hex::encode(hasher.finalize()))
     }
 
     fn verify(&self, key: &str, bytes: u64, sha256: String) -> Result<()> {
