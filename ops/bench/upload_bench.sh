@@ -66,27 +66,49 @@ run_awscli() {
     printf "{\"client\": \"awscli\", \"bytes\": %d, \"seconds\": %.3f, \"mb_per_s\": %.1f}\n", b, e - s, b / 1e6 / (e - s) }'
 }
 
+run_client() {
+  case $1 in
+    trainq) "$bench_bin" "$endpoint" bench run "$ckpt" ;;
+    boto3) "$TRAINQ_PYTHON" ops/bench/upload_bench_boto3.py "$endpoint" bench run "$ckpt" ;;
+    awscli) run_awscli ;;
+  esac
+}
+
+# One JSON line per run: the client's line plus the CPU seconds (user + sys) the client process
+# spent (start-up included) and the moto server spent serving it (its start-up excluded).
 results=$work/results.jsonl
 clients=(${BENCH_CLIENTS:-trainq boto3})
 command -v aws >/dev/null && [ -z "${BENCH_CLIENTS:-}" ] && clients+=(awscli)
+ticks=$(getconf CLK_TCK)
+TIMEFORMAT='%U %S'
 for round in $(seq 1 "$rounds"); do
   for client in "${clients[@]}"; do
     start_moto
-    case $client in
-      trainq) "$bench_bin" "$endpoint" bench run "$ckpt" ;;
-      boto3) "$TRAINQ_PYTHON" ops/bench/upload_bench_boto3.py "$endpoint" bench run "$ckpt" ;;
-      awscli) run_awscli ;;
-    esac | tee -a "$results"
+    server_idle=$(awk -v t="$ticks" '{print ($14 + $15) / t}' "/proc/$moto_pid/stat")
+    { time run_client "$client" >"$work/line.json" 2>"$work/client.err"; } 2>"$work/cpu.txt" \
+      || { cat "$work/client.err" >&2; exit 1; }
+    server_cpu=$(awk -v t="$ticks" -v idle="$server_idle" '{print ($14 + $15) / t - idle}' "/proc/$moto_pid/stat")
     stop_moto
+    "$TRAINQ_PYTHON" - "$work/line.json" "$work/cpu.txt" "$server_cpu" <<'PY' | tee -a "$results"
+import json, sys
+run = json.load(open(sys.argv[1]))
+user, system = map(float, open(sys.argv[2]).read().split()[-2:])
+run["client_cpu_s"], run["server_cpu_s"] = round(user + system, 2), round(float(sys.argv[3]), 2)
+print(json.dumps(run))
+PY
   done
 done
 
 "$TRAINQ_PYTHON" - "$results" <<'PY'
 import json, statistics, sys
 runs = [json.loads(line) for line in open(sys.argv[1])]
-median = {c: statistics.median(r["mb_per_s"] for r in runs if r["client"] == c)
-          for c in dict.fromkeys(r["client"] for r in runs)}
-for client, value in median.items():
-    ratio = f"; trainq / {client} = {median['trainq'] / value:.2f}x" if "trainq" in median else ""
-    print(f"# median {client}: {value:.1f} MB/s{ratio}")
+clients = list(dict.fromkeys(r["client"] for r in runs))
+def median(client, field, per_gb=False):
+    values = [r[field] / (r["bytes"] / 1e9 if per_gb else 1) for r in runs if r["client"] == client]
+    return statistics.median(values)
+for client in clients:
+    rate = median(client, "mb_per_s")
+    ratio = f", trainq/{client} {median('trainq', 'mb_per_s') / rate:.2f}x" if "trainq" in clients else ""
+    print(f"# median {client}: {rate:.1f} MB/s{ratio}; client CPU {median(client, 'client_cpu_s', True):.2f} s/GB,"
+          f" server CPU {median(client, 'server_cpu_s', True):.2f} s/GB")
 PY
