@@ -10,7 +10,7 @@
 # Needs: $TRAINQ_PYTHON (venv with boto3 + moto), $TRAINQ_MOTO, `aws` on PATH (optional), curl.
 # BENCH_BIN=path uses a prebuilt examples/upload_bench instead of building it (BENCH_PROFILE
 # picks the cargo profile otherwise, default dev: dependencies are built at opt-level 2).
-# BENCH_CLIENTS="trainq boto3" restricts the clients.
+# BENCH_CLIENTS="trainq boto3" restricts the clients. BENCH_S3S_FS: see start_moto.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 shard_mib=${1:-160}
@@ -44,14 +44,22 @@ echo "# directory: $(find "$ckpt" -type f -printf '%s\n' | awk '{s += $1} END {p
 port=$("$TRAINQ_PYTHON" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 endpoint=http://127.0.0.1:$port
 
+# BENCH_S3S_FS=path/to/s3s-fs uses that native S3 server (objects on disk under $work) instead
+# of moto, to see the clients when the server is not the bottleneck.
 start_moto() {
-  "$TRAINQ_MOTO" -H 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+  if [ -n "${BENCH_S3S_FS:-}" ]; then
+    rm -rf "$work/s3" && mkdir -p "$work/s3/bench"
+    "$BENCH_S3S_FS" --host 127.0.0.1 --port "$port" --access-key test --secret-key test "$work/s3" \
+      >/dev/null 2>&1 &
+  else
+    "$TRAINQ_MOTO" -H 127.0.0.1 -p "$port" >/dev/null 2>&1 &
+  fi
   moto_pid=$!
   for _ in $(seq 1 600); do
     curl -s -o /dev/null "$endpoint/" && break
     sleep 0.1
   done
-  curl -sf -X PUT "$endpoint/bench" >/dev/null
+  [ -n "${BENCH_S3S_FS:-}" ] || curl -sf -X PUT "$endpoint/bench" >/dev/null
 }
 
 stop_moto() { kill "$moto_pid"; wait "$moto_pid" 2>/dev/null || true; moto_pid=; }
