@@ -119,7 +119,7 @@ async fn an_upload_to_a_server_that_stays_away_fails_clearly_without_manifest_an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_survives_the_server_restarting_on_the_same_port_within_the_retry_window() {
-    let _ = tracing_subscriber::fmt().with_env_filter("warn").try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
     let mut server = MotoServer::start();
     let store = server.store("restart");
     let retry = FileRetry { attempts: 6, first_backoff: Duration::from_millis(200) };
