@@ -53,13 +53,7 @@ async fn fetching_the_latest_checkpoint_from_s3_gives_a_directory_peft_loads_as_
     upload(&store, 1, &older).await;
     upload(&store, 2, &adapter).await;
 
-    let env = [
-        ("AWS_ENDPOINT_URL", server.endpoint()),
-        ("AWS_ALLOW_HTTP", "true".to_string()),
-        ("AWS_ACCESS_KEY_ID", "test".to_string()),
-        ("AWS_SECRET_ACCESS_KEY", "test".to_string()),
-        ("AWS_REGION", "us-east-1".to_string()),
-    ];
+    let env = server.aws_env();
     let to = work.path().join("fetched");
     let url = format!("s3://{BUCKET}/cli");
     let output = trainq_fetch(&["m", "--store", &url, "--to", to.to_str().unwrap()], &env);

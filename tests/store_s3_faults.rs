@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,21 +22,33 @@ const MIB: usize = 1024 * 1024;
 
 fn no_progress(_: u64) {}
 
-/// Uploads `dir` as step 1 of model `m` on a task of its own; `started` is notified when the
-/// first bytes have been handed to the store.
-fn spawn_upload(
-    store: Store,
-    dir: std::path::PathBuf,
-    options: UploadOptions,
-    started: Arc<Notify>,
-) -> tokio::task::JoinHandle<Result<UploadedCheckpoint>> {
-    tokio::spawn(async move {
-        let progress = move |_: u64| started.notify_one();
-        upload_checkpoint(&store, "m", 1, CheckpointFormat::PeftLora, &dir, &options, &progress).await
-    })
+/// A checkpoint with a 30 MiB adapter being uploaded (step 1 of model `m`) on a task of its own,
+/// in sequential 5 MiB parts so that it is still uploading when the server misbehaves.
+struct SlowUpload {
+    _work: tempfile::TempDir,
+    local: PathBuf,
+    files: Vec<(&'static str, usize)>,
+    task: tokio::task::JoinHandle<Result<UploadedCheckpoint>>,
 }
 
-/// Sequential 5 MiB parts, so that a 30 MiB file is still uploading when the server misbehaves.
+/// Writes the checkpoint, starts its upload, and returns once the first bytes went to the store.
+async fn start_slow_upload(store: Store, seed: u64, retry: FileRetry) -> SlowUpload {
+    let work = tempfile::tempdir().unwrap();
+    let local = work.path().join("ckpt");
+    let files = peft_layout(30 * MIB);
+    write_checkpoint_dir(&local, &files, seed);
+    let started = Arc::new(Notify::new());
+    let (dir, notify) = (local.clone(), started.clone());
+    let task = tokio::spawn(async move {
+        let progress = move |_: u64| notify.notify_one();
+        let options = slow_options(retry);
+        upload_checkpoint(&store, "m", 1, CheckpointFormat::PeftLora, &dir, &options, &progress).await
+    });
+    started.notified().await;
+    SlowUpload { _work: work, local, files, task }
+}
+
+/// Sequential 5 MiB parts.
 fn slow_options(retry: FileRetry) -> UploadOptions {
     UploadOptions {
         multipart_threshold: 5 * MIB as u64,
@@ -80,18 +93,11 @@ async fn an_upload_to_a_server_that_stays_away_fails_clearly_without_manifest_an
     let server = MotoServer::start();
     let impatient =
         Store::open_with(&server.url("away"), &server.store_options(Duration::from_secs(1))).unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let local = work.path().join("ckpt");
-    let files = peft_layout(30 * MIB);
-    write_checkpoint_dir(&local, &files, 12);
-
-    let started = Arc::new(Notify::new());
     let retry = FileRetry { attempts: 2, first_backoff: Duration::from_millis(10) };
-    let upload = spawn_upload(impatient, local.clone(), slow_options(retry), started.clone());
-    started.notified().await;
+    let upload = start_slow_upload(impatient, 12, retry).await;
     server.pause();
     let began = Instant::now();
-    let error = upload.await.unwrap().unwrap_err();
+    let error = upload.task.await.unwrap().unwrap_err();
     server.resume();
 
     let message = error.to_string();
@@ -104,34 +110,27 @@ async fn an_upload_to_a_server_that_stays_away_fails_clearly_without_manifest_an
     assert_eq!(latest_complete_step(&store, "m").await.unwrap(), None);
 
     let options = slow_options(FileRetry::default());
-    upload_checkpoint(&store, "m", 1, CheckpointFormat::PeftLora, &local, &options, &no_progress)
+    upload_checkpoint(&store, "m", 1, CheckpointFormat::PeftLora, &upload.local, &options, &no_progress)
         .await
         .unwrap();
     assert_eq!(latest_complete_step(&store, "m").await.unwrap(), Some(1));
-    assert_fetches_identically(&store, &local, &files).await;
+    assert_fetches_identically(&store, &upload.local, &upload.files).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_survives_the_server_restarting_on_the_same_port_within_the_retry_window() {
-    let _ = tracing_subscriber::fmt().with_env_filter("warn").try_init();
+    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
     let mut server = MotoServer::start();
     let store = server.store("restart");
-    let work = tempfile::tempdir().unwrap();
-    let local = work.path().join("ckpt");
-    let files = peft_layout(30 * MIB);
-    write_checkpoint_dir(&local, &files, 13);
-
-    let started = Arc::new(Notify::new());
     let retry = FileRetry { attempts: 6, first_backoff: Duration::from_millis(200) };
-    let upload = spawn_upload(store.clone(), local.clone(), slow_options(retry), started.clone());
-    started.notified().await;
+    let upload = start_slow_upload(store.clone(), 13, retry).await;
     let port = server.port;
     tokio::task::block_in_place(|| server.restart());
     assert_eq!(server.port, port);
 
-    let uploaded = upload.await.unwrap().expect("the upload rides out the restart");
-    assert_eq!(uploaded.manifest.files.len(), files.len());
+    let uploaded = upload.task.await.unwrap().expect("the upload rides out the restart");
+    assert_eq!(uploaded.manifest.files.len(), upload.files.len());
     // moto forgets everything on restart, so this fetch succeeds only if the upload spanned the
     // restart and put every file (small ones finished earlier included) into the new server.
-    assert_fetches_identically(&store, &local, &files).await;
+    assert_fetches_identically(&store, &upload.local, &upload.files).await;
 }

@@ -40,7 +40,13 @@ impl Default for FetchOptions {
 /// Reads and validates the manifest of checkpoint `step` of `model`.
 pub async fn read_manifest(store: &Store, model: &str, step: u64) -> Result<Manifest> {
     let key = store.checkpoint_file(model, step, MANIFEST_FILE);
-    let result = store.object_store().get(&key).await.map_err(store_error("get", &key))?;
+    let result = match store.object_store().get(&key).await {
+        Err(object_store::Error::NotFound { .. }) => {
+            let message = format!("no manifest: step {step} of model {model:?} is not a complete checkpoint in {}", store.url());
+            return Err(Error::Checkpoint { path: key.to_string(), message });
+        }
+        other => other.map_err(store_error("get", &key))?,
+    };
     let bytes = result.bytes().await.map_err(store_error("read", &key))?;
     Manifest::from_json(&bytes, model, step)
 }
@@ -163,7 +169,7 @@ impl FileDownload<'_> {
         }
         out.flush().await.map_err(Error::io(&self.local))?;
         out.sync_all().await.map_err(Error::io(&self.local))?;
-        self.verify(&key.to_string(), bytes, hex::encode(hasher.finalize()))
+        self.verify(key.as_ref(), bytes, hex::encode(hasher.finalize()))
     }
 
     fn verify(&self, key: &str, bytes: u64, sha256: String) -> Result<()> {

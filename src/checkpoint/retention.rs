@@ -6,8 +6,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 use serde::{Deserialize, Serialize};
 
-use super::listing::{list_checkpoints, StoredCheckpoint};
-use super::store::{Store, MANIFEST_FILE};
+use super::store::{list_checkpoints, Store, StoredCheckpoint, MANIFEST_FILE};
 use crate::error::{Error, Result};
 
 /// Default for [`RetentionPolicy::keep_last`].

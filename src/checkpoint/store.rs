@@ -1,5 +1,6 @@
-//! Where checkpoints live: an object store opened from a URL, a key prefix, and the key layout
-//! `{prefix}/{model}/checkpoints/{step:06}/{file}`.
+//! Where checkpoints live: an object store opened from a URL, a key prefix, the key layout
+//! `{prefix}/{model}/checkpoints/{step:06}/{file}`, and which checkpoints a model has there
+//! (whole ones, with a manifest, and partial ones from failed or running uploads).
 //!
 //! Supported URLs: `s3://bucket/prefix` (also `s3a://`), `gs://bucket/prefix`,
 //! `az://container/prefix` (and the other Azure forms object_store parses), `file:///abs/dir`
@@ -9,9 +10,11 @@
 //! unless `AWS_VIRTUAL_HOSTED_STYLE_REQUEST=true`) and may be overridden per store through
 //! [`StoreOptions::config`], which is what tests do instead of touching the process environment.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
@@ -137,6 +140,56 @@ impl Store {
 /// A step's directory name: zero-padded to six digits so that keys sort by step.
 pub fn step_dir_name(step: u64) -> String {
     format!("{step:06}")
+}
+
+/// The objects of one step's checkpoint directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCheckpoint {
+    /// The step, parsed from the directory name.
+    pub step: u64,
+    /// True when `manifest.json` exists: the checkpoint is whole.
+    pub has_manifest: bool,
+    /// Every object key under the step's directory, manifest included.
+    pub objects: Vec<Path>,
+}
+
+/// Lists every checkpoint directory of `model`, sorted by step. Directories whose name is not a
+/// step number are ignored.
+pub async fn list_checkpoints(store: &Store, model: &str) -> Result<Vec<StoredCheckpoint>> {
+    let dir = store.checkpoints_dir(model);
+    let metas: Vec<_> = store
+        .object_store()
+        .list(Some(&dir))
+        .try_collect()
+        .await
+        .map_err(|source| Error::Store { what: "list", path: dir.to_string(), source })?;
+    let depth = dir.parts().count();
+    let mut by_step: BTreeMap<u64, StoredCheckpoint> = BTreeMap::new();
+    for meta in metas {
+        let parts: Vec<_> = meta.location.parts().skip(depth).collect();
+        let Some(step) = parts.first().and_then(|p| p.as_ref().parse::<u64>().ok()) else {
+            continue;
+        };
+        let entry = by_step
+            .entry(step)
+            .or_insert_with(|| StoredCheckpoint { step, has_manifest: false, objects: Vec::new() });
+        if parts.len() == 2 && parts[1].as_ref() == MANIFEST_FILE {
+            entry.has_manifest = true;
+        }
+        entry.objects.push(meta.location);
+    }
+    Ok(by_step.into_values().collect())
+}
+
+/// The steps of `model` whose checkpoint is whole (manifest present), ascending.
+pub async fn complete_steps(store: &Store, model: &str) -> Result<Vec<u64>> {
+    let listed = list_checkpoints(store, model).await?;
+    Ok(listed.into_iter().filter(|c| c.has_manifest).map(|c| c.step).collect())
+}
+
+/// The highest step of `model` whose manifest exists, if any.
+pub async fn latest_complete_step(store: &Store, model: &str) -> Result<Option<u64>> {
+    Ok(complete_steps(store, model).await?.last().copied())
 }
 
 /// `file:///abs/dir`: a local directory, created when missing.

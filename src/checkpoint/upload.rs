@@ -98,19 +98,21 @@ pub async fn upload_checkpoint(
             .try_collect::<Vec<ManifestFile>>()
     };
     let mut files = upload_all(names).await?;
-    for _ in 0..options.retry.attempts.max(1) {
+    let mut rounds = 0;
+    loop {
         let missing = missing_files(store, model, step, &files).await?;
         if missing.is_empty() {
             break;
         }
+        rounds += 1;
+        if rounds > options.retry.attempts {
+            let path = store.checkpoint_uri(model, step);
+            let message = format!("files vanished after upload: {missing:?}");
+            return Err(Error::Checkpoint { path, message });
+        }
         tracing::warn!(model, step, ?missing, "uploaded files absent from the store; uploading again");
         files.retain(|f| !missing.contains(&f.path));
         files.extend(upload_all(missing).await?);
-    }
-    let missing = missing_files(store, model, step, &files).await?;
-    if !missing.is_empty() {
-        let path = store.checkpoint_uri(model, step);
-        return Err(Error::Checkpoint { path, message: format!("files vanished after upload: {missing:?}") });
     }
     write_manifest(store, Manifest::new(model, step, format, files), options).await
 }

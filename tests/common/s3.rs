@@ -58,25 +58,32 @@ impl MotoServer {
         format!("s3://{BUCKET}/{prefix}")
     }
 
-    /// Options that point a store at this server explicitly (no process environment), with
-    /// per-request retries bounded by `retry_timeout`.
+    /// The environment variables that point the AWS SDKs, awscli and `trainq` at this server.
+    pub fn aws_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint()),
+            ("AWS_ALLOW_HTTP", "true".to_string()),
+            ("AWS_ACCESS_KEY_ID", "test".to_string()),
+            ("AWS_SECRET_ACCESS_KEY", "test".to_string()),
+            ("AWS_REGION", "us-east-1".to_string()),
+        ]
+    }
+
+    /// Options that point a store at this server explicitly (the same settings as
+    /// [`Self::aws_env`], no process environment), with short timeouts and per-request retries
+    /// bounded by `retry_timeout`.
     pub fn store_options(&self, retry_timeout: Duration) -> StoreOptions {
-        let config = [
-            ("aws_endpoint", self.endpoint()),
-            ("aws_allow_http", "true".to_string()),
-            ("aws_access_key_id", "test".to_string()),
-            ("aws_secret_access_key", "test".to_string()),
-            ("aws_region", "us-east-1".to_string()),
-            ("timeout", "2s".to_string()),
-            ("connect_timeout", "1s".to_string()),
-        ];
+        let mut config: Vec<(String, String)> =
+            self.aws_env().into_iter().map(|(k, v)| (k.to_ascii_lowercase(), v)).collect();
+        config.push(("timeout".into(), "2s".into()));
+        config.push(("connect_timeout".into(), "1s".into()));
         let backoff = BackoffConfig {
             init_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_millis(500),
             base: 2.0,
         };
         StoreOptions {
-            config: config.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+            config,
             retry: RetryConfig { backoff, max_retries: 50, retry_timeout },
             from_env: false,
         }
