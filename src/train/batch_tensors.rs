@@ -3,6 +3,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
+use crate::model::BatchSummary;
 use crate::tokenize::MicroBatch;
 
 /// [`MicroBatch`] as tensors: id/position/target/index tensors are i64 `[B, L]`, the mask is
@@ -25,6 +26,8 @@ pub struct MicroBatchTensors {
     pub sequence_index: Tensor,
     /// Number of documents.
     pub num_sequences: i64,
+    /// Id range and packedness, read on the host (the forward then needs no device sync).
+    pub summary: BatchSummary,
 }
 
 /// Copies a micro-batch to `device`.
@@ -53,6 +56,7 @@ pub fn to_tensors(batch: &MicroBatch, device: Device) -> Result<MicroBatchTensor
         advantages: to(Tensor::from_slice(&batch.advantages)),
         sequence_index: to(Tensor::from_slice(&batch.sequence_index)),
         num_sequences: batch.num_sequences().max(1) as i64,
+        summary: BatchSummary::of(&batch.input_ids, &batch.position_ids, &batch.targets, batch.cols),
     })
 }
 

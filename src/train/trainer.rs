@@ -110,13 +110,13 @@ impl Trainer {
             let t = to_tensors(batch, self.device)?;
             let reference = if self.loss.kl_coef > 0.0 {
                 model.set_lora_enabled(false);
-                let reference = tch::no_grad(|| model.token_logprobs(&t.input_ids, &t.position_ids, &t.targets));
+                let reference = tch::no_grad(|| model.batch_logprobs(&t));
                 model.set_lora_enabled(true);
                 Some(reference?.detach())
             } else {
                 None
             };
-            let logprobs = model.token_logprobs(&t.input_ids, &t.position_ids, &t.targets)?;
+            let logprobs = model.batch_logprobs(&t)?;
             let inputs = LossInputs {
                 logprobs: &logprobs,
                 sampler_logprobs: &t.sampler_logprobs,
@@ -128,6 +128,7 @@ impl Trainer {
             };
             let out = policy_loss(&inputs, &self.loss, normalizer)?;
             out.loss.f_backward().map_err(Error::torch("backward of the policy loss"))?;
+            model.finish_backward()?;
             totals.add_detached(&out);
         }
         Ok(totals)

@@ -119,9 +119,7 @@ fn bench_one(
     let mut cfg = TrainConfig { lora: lora.clone(), max_seq_len: seq as usize, ..TrainConfig::default() };
     cfg.max_tokens_per_micro_batch = (seq * micro) as usize;
     let mut policy = Policy::from_config(&hf, lora.as_ref(), device, 0).context("build the model")?;
-    if ckpt {
-        bail!("activation checkpointing is not implemented yet");
-    }
+    policy.set_activation_checkpointing(ckpt);
     let n_params: i64 = policy.named_variables().iter().filter(|(n, _)| !n.contains("lora_")).map(|(_, t)| t.numel() as i64).sum();
     let mut trainer = Trainer::new(&cfg, device);
     let batch = random_batch(micro, seq, hf.vocab_size);
