@@ -8,9 +8,11 @@
 
 pub mod adamw;
 pub mod batch_tensors;
+mod flat_params;
 pub mod trainer;
 
 pub use adamw::{clip_grad_norm, AdamW};
+pub use flat_params::BUCKET_ELEMENTS;
 pub use batch_tensors::{to_tensors, MicroBatchTensors};
 pub use trainer::{StepMetrics, Trainer};
 
