@@ -4,6 +4,7 @@
 //! for a random model), then [`Policy::token_logprobs`] for training and scoring. See
 //! docs/model.md.
 
+mod checkpointing;
 pub mod hf_config;
 mod layers;
 pub mod logprobs;
@@ -13,4 +14,4 @@ mod transformer;
 pub mod weights;
 
 pub use hf_config::{tiny_qwen3_config, Architecture, HfConfig};
-pub use policy::{default_kind, is_lora_name, Policy};
+pub use policy::{default_kind, is_lora_name, BatchSummary, Policy};

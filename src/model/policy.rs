@@ -4,10 +4,11 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tch::{nn::VarStore, Device, Kind, Tensor};
 
+use super::checkpointing::{grad_mode_enabled, SavedActivations};
 use super::hf_config::HfConfig;
 use super::layers::{Init, LoraSpec, TchResult};
 use super::logprobs::chunked_logprobs;
@@ -28,6 +29,32 @@ pub struct Policy {
     lora: Option<LoraConfig>,
     lora_enabled: Arc<AtomicBool>,
     kind: Kind,
+    checkpointing: bool,
+    /// The last checkpointed forward's activations and whether LoRA was on, until
+    /// [`Policy::finish_backward`].
+    saved: Mutex<Option<(SavedActivations, bool)>>,
+}
+
+/// Facts about a batch read on the host before it was copied to the device, so the forward
+/// needs no device→host sync to validate ids or to choose between causal and masked attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSummary {
+    /// Smallest input id.
+    pub min_input_id: i64,
+    /// Largest input id or target.
+    pub max_id: i64,
+    /// Whether some row holds a second document (a position 0 after its first column).
+    pub packed: bool,
+}
+
+impl BatchSummary {
+    /// Summarizes row-major (rows × `cols`) input ids, position ids and targets.
+    pub fn of(input_ids: &[i64], position_ids: &[i64], targets: &[i64], cols: usize) -> Self {
+        let min_input_id = input_ids.iter().copied().min().unwrap_or(0);
+        let max_id = input_ids.iter().chain(targets).copied().max().unwrap_or(0);
+        let packed = cols > 0 && position_ids.iter().enumerate().any(|(i, &p)| p == 0 && i % cols != 0);
+        Self { min_input_id, max_id, packed }
+    }
 }
 
 /// The dtype a policy uses on `device`: bf16 on CUDA, f32 elsewhere.
@@ -83,7 +110,8 @@ impl Policy {
             enabled: lora_enabled.clone(),
         });
         let lm = CausalLm::new(&vs.root(), cfg, &init, spec.as_ref())?;
-        Ok(Policy { vs, cfg: cfg.clone(), lm, lora: lora.cloned(), lora_enabled, kind })
+        let saved = Mutex::new(None);
+        Ok(Policy { vs, cfg: cfg.clone(), lm, lora: lora.cloned(), lora_enabled, kind, checkpointing: false, saved })
     }
 
     /// log p(targets[b, t] | input_ids[b, ..=t]) as (B, L) f32, differentiable with respect to
@@ -91,8 +119,34 @@ impl Policy {
     /// packed document (no attention across documents); a negative target gives 0.
     pub fn token_logprobs(&self, input_ids: &Tensor, position_ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
         self.check_batch(input_ids, position_ids, Some(targets))?;
+        let (lo, hi) = (input_ids.min().int64_value(&[]), input_ids.max().int64_value(&[]).max(targets.max().int64_value(&[])));
+        self.check_id_range(lo, hi)?;
+        self.logprobs_of_checked(input_ids, position_ids, targets, None)
+    }
+
+    /// [`Policy::token_logprobs`] for a batch summarized on the host ([`BatchSummary::of`]):
+    /// the same result without device→host syncs.
+    pub fn token_logprobs_summarized(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        targets: &Tensor,
+        summary: &BatchSummary,
+    ) -> Result<Tensor> {
+        self.check_batch(input_ids, position_ids, Some(targets))?;
+        self.check_id_range(summary.min_input_id, summary.max_id)?;
+        self.logprobs_of_checked(input_ids, position_ids, targets, Some(summary.packed))
+    }
+
+    fn logprobs_of_checked(&self, input_ids: &Tensor, position_ids: &Tensor, targets: &Tensor, packed: Option<bool>) -> Result<Tensor> {
         let run = || -> TchResult<Tensor> {
-            let hidden = self.lm.hidden_states(input_ids, position_ids)?;
+            let hidden = if self.checkpointing && grad_mode_enabled() {
+                let (hidden, saved) = self.lm.hidden_states_checkpointed(input_ids, position_ids, packed)?;
+                *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((saved, self.lora_enabled()));
+                hidden
+            } else {
+                self.lm.hidden_states(input_ids, position_ids, packed)?
+            };
             let (b, l, h) = hidden.size3()?;
             // (B, L, H) -> (B*L, H)
             let flat = hidden.f_reshape([b * l, h])?;
@@ -104,7 +158,7 @@ impl Policy {
     /// Full logits (B, L, vocab) in the model's dtype; for parity tests and small inputs only.
     pub fn logits(&self, input_ids: &Tensor, position_ids: &Tensor) -> Result<Tensor> {
         self.check_batch(input_ids, position_ids, None)?;
-        let run = || self.lm.hidden_states(input_ids, position_ids)?.f_linear::<Tensor>(&self.lm.lm_head, None);
+        let run = || self.lm.hidden_states(input_ids, position_ids, None)?.f_linear::<Tensor>(&self.lm.lm_head, None);
         run().map_err(Error::torch("logits"))
     }
 
@@ -120,12 +174,40 @@ impl Policy {
                 return fail(format!("{name} must be i64 of shape {size:?}, got {:?} {:?}", t.kind(), t.size()));
             }
         }
-        let (lo, hi) = (input_ids.min().int64_value(&[]), input_ids.max().int64_value(&[]));
-        let max_target = targets.map_or(0, |t| t.max().int64_value(&[]));
-        if lo < 0 || hi.max(max_target) >= self.cfg.vocab_size {
-            return fail(format!("token ids must lie in [0, {}), got [{lo}, {}]", self.cfg.vocab_size, hi.max(max_target)));
+        Ok(())
+    }
+
+    fn check_id_range(&self, lo: i64, hi: i64) -> Result<()> {
+        if lo < 0 || hi >= self.cfg.vocab_size {
+            let message = format!("token ids must lie in [0, {}), got [{lo}, {hi}]", self.cfg.vocab_size);
+            return Err(Error::config("batch", message));
         }
         Ok(())
+    }
+
+    /// Turns activation checkpointing on or off: when on, a forward with autograd enabled keeps
+    /// only each decoder layer's input, and [`Policy::finish_backward`] must follow the loss
+    /// backward to recompute the layers and complete the gradients.
+    pub fn set_activation_checkpointing(&mut self, enabled: bool) {
+        self.checkpointing = enabled;
+        if !enabled {
+            *self.saved.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+
+    /// Whether activation checkpointing is on.
+    pub fn activation_checkpointing(&self) -> bool {
+        self.checkpointing
+    }
+
+    /// After `loss.backward()` of a checkpointed forward: recomputes the decoder layers in
+    /// reverse and accumulates the gradients of everything below the last layer's output. A
+    /// no-op without a pending checkpointed forward.
+    pub fn finish_backward(&self) -> Result<()> {
+        let pending = self.saved.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let Some((saved, lora_enabled)) = pending else { return Ok(()) };
+        self.with_lora_set(lora_enabled, |p| p.lm.finish_checkpointed_backward(saved))
+            .map_err(Error::torch("checkpointed backward (layer recomputation)"))
     }
 
     /// Turns the LoRA adapters on or off (off = the base model, e.g. for the KL reference pass).
@@ -140,13 +222,17 @@ impl Policy {
 
     /// Runs `f` with the adapters off, restoring the previous setting afterwards (even on panic).
     pub fn with_lora_disabled<T>(&self, f: impl FnOnce(&Self) -> T) -> T {
+        self.with_lora_set(false, f)
+    }
+
+    fn with_lora_set<T>(&self, enabled: bool, f: impl FnOnce(&Self) -> T) -> T {
         struct Restore<'a>(&'a AtomicBool, bool);
         impl Drop for Restore<'_> {
             fn drop(&mut self) {
                 self.0.store(self.1, Ordering::Relaxed);
             }
         }
-        let _restore = Restore(&self.lora_enabled, self.lora_enabled.swap(false, Ordering::Relaxed));
+        let _restore = Restore(&self.lora_enabled, self.lora_enabled.swap(enabled, Ordering::Relaxed));
         f(self)
     }
 

@@ -117,7 +117,7 @@ impl DecoderLayer {
         })
     }
 
-    fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> TchResult<Tensor> {
+    pub(super) fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> TchResult<Tensor> {
         let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cos, sin, mask)?)?;
         x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
     }
@@ -126,10 +126,10 @@ impl DecoderLayer {
 /// `model` plus `lm_head`: embeddings, decoder layers, final norm, output projection.
 #[derive(Debug)]
 pub(crate) struct CausalLm {
-    embed_tokens: Tensor,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    rotary: RotaryEmbedding,
+    pub(super) embed_tokens: Tensor,
+    pub(super) layers: Vec<DecoderLayer>,
+    pub(super) norm: RmsNorm,
+    pub(super) rotary: RotaryEmbedding,
     /// (vocab, hidden); the same tensor as `embed_tokens` when embeddings are tied.
     pub(crate) lm_head: Tensor,
 }
@@ -153,11 +153,12 @@ impl CausalLm {
     }
 
     /// Final hidden states (B, L, hidden) after the last norm, for `input_ids` and
-    /// `position_ids` (B, L); a position of 0 starts a new document.
-    pub(crate) fn hidden_states(&self, input_ids: &Tensor, position_ids: &Tensor) -> TchResult<Tensor> {
+    /// `position_ids` (B, L); a position of 0 starts a new document. `packed` says whether a row
+    /// holds a second document when the caller knows (saves a device→host sync), else `None`.
+    pub(crate) fn hidden_states(&self, input_ids: &Tensor, position_ids: &Tensor, packed: Option<bool>) -> TchResult<Tensor> {
         let mut x = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
         let (cos, sin) = self.rotary.cos_sin(position_ids, x.kind())?;
-        let mask = document_mask(position_ids)?;
+        let mask = document_mask(position_ids, packed)?;
         for layer in &self.layers {
             x = layer.forward(&x, &cos, &sin, mask.as_ref())?;
         }
@@ -167,11 +168,15 @@ impl CausalLm {
 
 /// The attention mask (B, 1, L, L) for packed rows: token i attends to j iff j ≤ i and both lie
 /// in the same document (documents start where `position_ids` is 0). `None` when no row holds a
-/// second document, so that plain causal attention (and its fast kernels) applies.
-pub(crate) fn document_mask(position_ids: &Tensor) -> TchResult<Option<Tensor>> {
+/// second document, so that plain causal attention (and its fast kernels) applies. `packed`, when
+/// given, is that answer known on the host; otherwise it is read from the device (a sync).
+pub(crate) fn document_mask(position_ids: &Tensor, packed: Option<bool>) -> TchResult<Option<Tensor>> {
     let l = position_ids.size()[1];
     let starts = position_ids.f_eq(0)?;
-    let packed = l > 1 && starts.f_narrow(1, 1, l - 1)?.f_any()?.f_int64_value(&[])? != 0;
+    let packed = match packed {
+        Some(packed) => packed,
+        None => l > 1 && starts.f_narrow(1, 1, l - 1)?.f_any()?.f_int64_value(&[])? != 0,
+    };
     if !packed {
         return Ok(None);
     }

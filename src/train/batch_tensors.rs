@@ -3,6 +3,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
+use crate::model::BatchSummary;
 use crate::tokenize::MicroBatch;
 
 /// [`MicroBatch`] as tensors: id/position/target/index tensors are i64 `[B, L]`, the mask is
@@ -25,6 +26,8 @@ pub struct MicroBatchTensors {
     pub sequence_index: Tensor,
     /// Number of documents.
     pub num_sequences: i64,
+    /// Id range and packedness, read on the host (the forward then needs no device sync).
+    pub summary: BatchSummary,
 }
 
 /// Copies a micro-batch to `device`.
@@ -43,7 +46,16 @@ pub fn to_tensors(batch: &MicroBatch, device: Device) -> Result<MicroBatchTensor
     if lengths.iter().any(|&n| n != expected) {
         return Err(Error::Tokenize(format!("micro-batch of {}x{} has field lengths {lengths:?}", batch.rows, batch.cols)));
     }
-    let to = |t: Tensor| t.reshape(shape).to_device(device);
+    // On CUDA: pinned host memory and a non-blocking copy, so the host does not wait for the
+    // GPU to drain its queue before each micro-batch.
+    let to = |t: Tensor| {
+        let t = t.reshape(shape);
+        if device.is_cuda() {
+            t.pin_memory(device).to_device_(device, t.kind(), true, false)
+        } else {
+            t
+        }
+    };
     Ok(MicroBatchTensors {
         input_ids: to(Tensor::from_slice(&batch.input_ids)),
         position_ids: to(Tensor::from_slice(&batch.position_ids)),
@@ -53,6 +65,7 @@ pub fn to_tensors(batch: &MicroBatch, device: Device) -> Result<MicroBatchTensor
         advantages: to(Tensor::from_slice(&batch.advantages)),
         sequence_index: to(Tensor::from_slice(&batch.sequence_index)),
         num_sequences: batch.num_sequences().max(1) as i64,
+        summary: BatchSummary::of(&batch.input_ids, &batch.position_ids, &batch.targets, batch.cols),
     })
 }
 

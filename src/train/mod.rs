@@ -8,9 +8,11 @@
 
 pub mod adamw;
 pub mod batch_tensors;
+mod flat_params;
 pub mod trainer;
 
 pub use adamw::{clip_grad_norm, AdamW};
+pub use flat_params::BUCKET_ELEMENTS;
 pub use batch_tensors::{to_tensors, MicroBatchTensors};
 pub use trainer::{StepMetrics, Trainer};
 
@@ -24,6 +26,18 @@ pub trait PolicyModel {
     /// ids restarting at 0 per packed document, next-token targets); output f32 `[B, L]`.
     fn token_logprobs(&self, input_ids: &Tensor, position_ids: &Tensor, targets: &Tensor) -> Result<Tensor>;
 
+    /// [`PolicyModel::token_logprobs`] of a micro-batch already on the device; a model may use
+    /// the batch's host-side summary to avoid device→host syncs.
+    fn batch_logprobs(&self, batch: &MicroBatchTensors) -> Result<Tensor> {
+        self.token_logprobs(&batch.input_ids, &batch.position_ids, &batch.targets)
+    }
+
+    /// Called right after each micro-batch's `loss.backward()`: a model with activation
+    /// checkpointing completes its gradients here. The default does nothing.
+    fn finish_backward(&mut self) -> Result<()> {
+        Ok(())
+    }
+
     /// The tensors the optimizer updates (LoRA A/B, or every weight), in a stable order.
     fn trainable_variables(&self) -> Vec<Tensor>;
 
@@ -34,6 +48,14 @@ pub trait PolicyModel {
 impl PolicyModel for crate::model::Policy {
     fn token_logprobs(&self, input_ids: &Tensor, position_ids: &Tensor, targets: &Tensor) -> Result<Tensor> {
         crate::model::Policy::token_logprobs(self, input_ids, position_ids, targets)
+    }
+
+    fn batch_logprobs(&self, b: &MicroBatchTensors) -> Result<Tensor> {
+        self.token_logprobs_summarized(&b.input_ids, &b.position_ids, &b.targets, &b.summary)
+    }
+
+    fn finish_backward(&mut self) -> Result<()> {
+        crate::model::Policy::finish_backward(self)
     }
 
     fn trainable_variables(&self) -> Vec<Tensor> {

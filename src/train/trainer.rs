@@ -2,7 +2,7 @@
 
 use tch::{Device, Tensor};
 
-use super::adamw::{clip_grad_norm, AdamW};
+use super::adamw::AdamW;
 use super::batch_tensors::to_tensors;
 use super::PolicyModel;
 use crate::config::{LossConfig, LossNormalization, TrainConfig};
@@ -70,18 +70,18 @@ impl Trainer {
         let normalizer = self.normalizer(batches);
         let totals = self.accumulate_gradients(model, batches, normalizer)?;
         let grad_norm = self.apply_gradients(&model.trainable_variables())?;
-        let tokens = totals.tokens.double_value(&[]);
+        let [loss, policy_loss, kl, tokens, clipped, ratio_sum] = read_totals(&totals)?;
         Ok(StepMetrics {
-            loss: totals.loss.double_value(&[]),
-            policy_loss: totals.policy_loss.double_value(&[]),
-            kl: totals.kl.double_value(&[]),
+            loss,
+            policy_loss,
+            kl,
             grad_norm,
             lr: self.optimizer.learning_rate(),
             tokens: tokens as usize,
             sequences: batches.iter().map(MicroBatch::num_sequences).sum(),
             micro_batches: batches.len(),
-            clip_fraction: totals.clip_fraction(),
-            mean_ratio: totals.mean_ratio(),
+            clip_fraction: clipped / tokens.max(1.0),
+            mean_ratio: ratio_sum / tokens.max(1.0),
         })
     }
 
@@ -110,13 +110,13 @@ impl Trainer {
             let t = to_tensors(batch, self.device)?;
             let reference = if self.loss.kl_coef > 0.0 {
                 model.set_lora_enabled(false);
-                let reference = tch::no_grad(|| model.token_logprobs(&t.input_ids, &t.position_ids, &t.targets));
+                let reference = tch::no_grad(|| model.batch_logprobs(&t));
                 model.set_lora_enabled(true);
                 Some(reference?.detach())
             } else {
                 None
             };
-            let logprobs = model.token_logprobs(&t.input_ids, &t.position_ids, &t.targets)?;
+            let logprobs = model.batch_logprobs(&t)?;
             let inputs = LossInputs {
                 logprobs: &logprobs,
                 sampler_logprobs: &t.sampler_logprobs,
@@ -128,21 +128,27 @@ impl Trainer {
             };
             let out = policy_loss(&inputs, &self.loss, normalizer)?;
             out.loss.f_backward().map_err(Error::torch("backward of the policy loss"))?;
+            model.finish_backward()?;
             totals.add_detached(&out);
         }
         Ok(totals)
     }
 
     /// Clips the global gradient norm and applies AdamW; returns the norm before clipping.
+    /// The `.grad()` tensors are left as they were (clipping scales the optimizer's flat copy).
     pub fn apply_gradients(&mut self, params: &[Tensor]) -> Result<f64> {
-        let grad_norm = clip_grad_norm(params, self.max_grad_norm).double_value(&[]);
-        if !grad_norm.is_finite() {
-            return Err(Error::Torch {
-                what: "optimizer step".into(),
-                source: tch::TchError::Kind(format!("gradient norm is {grad_norm}; the update was not applied")),
-            });
-        }
-        self.optimizer.step(params)?;
-        Ok(grad_norm)
+        self.optimizer.clip_and_step(params, self.max_grad_norm)
     }
+}
+
+/// The step's loss parts (loss, policy loss, kl, tokens, clipped tokens, ratio sum) in one
+/// device→host read.
+fn read_totals(totals: &LossOutput) -> Result<[f64; 6]> {
+    let parts = [&totals.loss, &totals.policy_loss, &totals.kl, &totals.tokens, &totals.clipped_tokens, &totals.ratio_sum];
+    let read = || -> tch::Result<Vec<f64>> {
+        let parts = parts.iter().map(|t| t.f_to_kind(tch::Kind::Double)?.f_reshape([1])).collect::<tch::Result<Vec<_>>>()?;
+        Vec::<f64>::try_from(Tensor::f_cat(&parts, 0)?.f_to_device(Device::Cpu)?)
+    };
+    let values = read().map_err(Error::torch("read the step's loss totals"))?;
+    Ok([values[0], values[1], values[2], values[3], values[4], values[5]])
 }

@@ -18,6 +18,8 @@ use trainq::train::Trainer;
 pub(crate) enum BenchCommand {
     /// Training throughput on a random-weight Qwen3 shape.
     Train(TrainBenchArgs),
+    /// bf16 on CUDA against f32 on the CPU (log-probs, loss, gradients) and checkpointing on CUDA.
+    Check(super::bench_check::CheckArgs),
 }
 
 /// Settings of `trainq bench train`.
@@ -68,7 +70,7 @@ fn shape_dims(shape: &str) -> Result<(i64, i64, i64, i64, i64, bool)> {
     })
 }
 
-fn shape_config(shape: &str) -> Result<HfConfig> {
+pub(crate) fn shape_config(shape: &str) -> Result<HfConfig> {
     let (hidden, inter, layers, heads, kv, tied) = shape_dims(shape)?;
     let cfg = json!({
         "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936,
@@ -83,6 +85,7 @@ fn shape_config(shape: &str) -> Result<HfConfig> {
 pub(crate) fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Train(args) => run_train(args),
+        BenchCommand::Check(args) => super::bench_check::run_check(args),
     }
 }
 
@@ -119,9 +122,7 @@ fn bench_one(
     let mut cfg = TrainConfig { lora: lora.clone(), max_seq_len: seq as usize, ..TrainConfig::default() };
     cfg.max_tokens_per_micro_batch = (seq * micro) as usize;
     let mut policy = Policy::from_config(&hf, lora.as_ref(), device, 0).context("build the model")?;
-    if ckpt {
-        bail!("activation checkpointing is not implemented yet");
-    }
+    policy.set_activation_checkpointing(ckpt);
     let n_params: i64 = policy.named_variables().iter().filter(|(n, _)| !n.contains("lora_")).map(|(_, t)| t.numel() as i64).sum();
     let mut trainer = Trainer::new(&cfg, device);
     let batch = random_batch(micro, seq, hf.vocab_size);
@@ -157,7 +158,7 @@ fn bench_one(
 
 /// One micro-batch of `micro` rows of `seq` random tokens, every target trained, random ±1
 /// advantages per row, no sampler log-probs (ratio 1).
-fn random_batch(micro: i64, seq: i64, vocab: i64) -> MicroBatch {
+pub(crate) fn random_batch(micro: i64, seq: i64, vocab: i64) -> MicroBatch {
     let ids: Vec<i64> = Tensor::randint(vocab, [micro * (seq + 1)], (Kind::Int64, Device::Cpu)).try_into().unwrap_or_default();
     let mut b = MicroBatch { rows: micro as usize, cols: seq as usize, ..MicroBatch::default() };
     for r in 0..micro as usize {

@@ -1,6 +1,7 @@
 //! The `trainq` command line: migrations, models, submission, status, workers, demo, benchmarks.
 
 mod bench;
+mod bench_check;
 mod checkpoint;
 mod database;
 mod demo;

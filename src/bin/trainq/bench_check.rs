@@ -1,0 +1,146 @@
+//! `trainq bench check`: the bf16 CUDA path against the f32 CPU path on the same random Qwen3
+//! weights and packed batch (log-probs, loss, gradients), plus activation checkpointing on CUDA
+//! against the plain backward, printed as one JSON line with pass/fail per check.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde_json::json;
+use tch::{Device, Kind, Tensor};
+use trainq::config::{LoraConfig, TrainConfig};
+use trainq::model::Policy;
+use trainq::tokenize::MicroBatch;
+use trainq::train::{to_tensors, PolicyModel, Trainer};
+
+use super::bench::{random_batch, shape_config};
+
+/// Mean |Δ log-prob| allowed between bf16 CUDA and f32 CPU.
+const LOGPROB_MEAN_TOLERANCE: f64 = 2e-2;
+/// Loss difference allowed between bf16 CUDA and f32 CPU (the loss is a mean of O(1) terms).
+const LOSS_ABS_TOLERANCE: f64 = 2e-2;
+/// Smallest cosine similarity of the flattened gradients (bf16 vs f32; checkpointing vs not).
+const GRAD_COSINE_MIN: f64 = 0.99;
+
+/// Settings of `trainq bench check`.
+#[derive(Args, Debug)]
+pub(crate) struct CheckArgs {
+    /// Model dims (vocab, hidden, heads…) of this shape.
+    #[arg(long, default_value = "qwen3-0.6b", value_parser = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"])]
+    shape: String,
+    /// Decoder layers (fewer than the shape's, so the f32 CPU side stays quick).
+    #[arg(long, default_value_t = 4)]
+    layers: i64,
+    /// LoRA (rank 8, alpha 16, all linear layers; B randomized) or full fine-tune.
+    #[arg(long, default_value = "lora", value_parser = ["lora", "full"])]
+    mode: String,
+    /// Tokens per row (each row packs two documents).
+    #[arg(long, default_value_t = 512)]
+    seq: i64,
+    /// Rows.
+    #[arg(long, default_value_t = 2)]
+    micro: i64,
+    /// Device of the compared side (cuda by default; cpu compares f32 with itself, a smoke test).
+    #[arg(long, default_value = "cuda")]
+    device: String,
+}
+
+pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
+    let device = super::worker::parse_device(Some(&args.device))?;
+    if device.is_cuda() && !tch::Cuda::is_available() {
+        bail!("bench check compares CUDA bf16 with CPU f32: no CUDA device");
+    }
+    let mut hf = shape_config(&args.shape)?;
+    hf.num_hidden_layers = args.layers;
+    let lora = (args.mode == "lora").then(|| LoraConfig { rank: 8, alpha: 16.0, ..LoraConfig::default() });
+    let mut cpu = Policy::from_config(&hf, lora.as_ref(), Device::Cpu, 0).context("build the f32 CPU model")?;
+    tch::no_grad(|| {
+        for (name, mut var) in cpu.lora_variables() {
+            if name.contains("lora_B") {
+                var.copy_(&(Tensor::randn(var.size(), (Kind::Float, Device::Cpu)) * 0.02));
+            }
+        }
+    });
+    let mut gpu = Policy::from_config(&hf, lora.as_ref(), device, 0).context("build the compared model")?;
+    copy_weights(&cpu, &gpu)?;
+    let mut batch = packed_batch(args.micro, args.seq, hf.vocab_size);
+    // Off-policy sampler log-probs (f32 ones shifted by ±0.1), so that ratios differ from 1.
+    let lp_ref: Vec<f32> = tch::no_grad(|| cpu.batch_logprobs(&to_tensors(&batch, Device::Cpu)?))?.reshape([-1]).try_into()?;
+    batch.sampler_logprobs = lp_ref.iter().enumerate().map(|(i, lp)| lp + 0.1 * (i as f32).sin()).collect();
+    let (lp_cpu, loss_cpu, grad_cpu) = measure(&mut cpu, &batch, false)?;
+    let (lp_gpu, loss_gpu, grad_gpu) = measure(&mut gpu, &batch, false)?;
+    let (_, loss_ckpt, grad_ckpt) = measure(&mut gpu, &batch, true)?;
+    let trained = batch.loss_mask.iter().filter(|&&m| m).count().max(1) as f64;
+    let diff = (&lp_gpu - &lp_cpu).abs();
+    let lp_mean = diff.sum(Kind::Double).double_value(&[]) / trained;
+    let lp_max = diff.max().double_value(&[]);
+    let loss_diff = (loss_gpu - loss_cpu).abs();
+    let cos_bf16 = cosine(&grad_gpu, &grad_cpu);
+    let cos_ckpt = cosine(&grad_ckpt, &grad_gpu);
+    let checks = json!({
+        "logprobs": lp_mean <= LOGPROB_MEAN_TOLERANCE, "loss": loss_diff <= LOSS_ABS_TOLERANCE,
+        "grads_bf16_vs_f32": cos_bf16 >= GRAD_COSINE_MIN, "grads_ckpt_vs_plain": cos_ckpt >= GRAD_COSINE_MIN,
+    });
+    let ok = checks.as_object().is_some_and(|m| m.values().all(|v| v == &json!(true)));
+    println!(
+        "{}",
+        json!({
+            "check": "bf16_cuda_vs_f32_cpu", "device": args.device, "ok": ok, "checks": checks, "shape": args.shape, "layers": args.layers,
+            "mode": args.mode, "seq": args.seq, "micro": args.micro,
+            "logprob_mean_abs_diff": lp_mean, "logprob_max_abs_diff": lp_max,
+            "loss_f32_cpu": loss_cpu, "loss_bf16_cuda": loss_gpu, "loss_bf16_cuda_ckpt": loss_ckpt, "loss_abs_diff": loss_diff,
+            "grad_cosine_bf16_vs_f32": cos_bf16, "grad_cosine_ckpt_vs_plain": cos_ckpt,
+            "grad_norm_f32_cpu": norm(&grad_cpu), "grad_norm_bf16_cuda": norm(&grad_gpu),
+            "tolerances": {"logprob_mean": LOGPROB_MEAN_TOLERANCE, "loss_abs": LOSS_ABS_TOLERANCE, "grad_cosine_min": GRAD_COSINE_MIN},
+        })
+    );
+    if !ok {
+        bail!("bf16 CUDA and f32 CPU disagree beyond tolerance (see the JSON line)");
+    }
+    Ok(())
+}
+
+/// Every variable of `from` copied into `to` (dtype and device converted).
+fn copy_weights(from: &Policy, to: &Policy) -> Result<()> {
+    let source: std::collections::HashMap<String, Tensor> = from.named_variables().into_iter().collect();
+    tch::no_grad(|| {
+        for (name, mut var) in to.named_variables() {
+            let src = source.get(&name).with_context(|| format!("{name} missing on the CPU model"))?;
+            var.f_copy_(src).with_context(|| format!("copy {name}"))?;
+        }
+        Ok(())
+    })
+}
+
+/// `micro` rows of `seq` random tokens, each row two documents (position ids restart halfway),
+/// advantages 1 and 0.5 by row (so that the loss does not average to zero).
+fn packed_batch(micro: i64, seq: i64, vocab: i64) -> MicroBatch {
+    let mut batch = random_batch(micro, seq, vocab);
+    for (i, a) in batch.advantages.iter_mut().enumerate() {
+        *a = if (i as i64 / seq) % 2 == 0 { 1.0 } else { 0.5 };
+    }
+    let half = seq / 2;
+    for (i, p) in batch.position_ids.iter_mut().enumerate() {
+        let col = (i as i64) % seq;
+        *p = if col < half { col } else { col - half };
+    }
+    batch
+}
+
+/// Log-probs (on the CPU, f32), loss and the flattened f32 gradient of one accumulation.
+fn measure(policy: &mut Policy, batch: &MicroBatch, checkpointing: bool) -> Result<(Tensor, f64, Tensor)> {
+    policy.set_activation_checkpointing(checkpointing);
+    let device = policy.device();
+    let trainer = Trainer::new(&TrainConfig::default(), device);
+    let t = to_tensors(batch, device)?;
+    let lp = tch::no_grad(|| policy.batch_logprobs(&t))?.to_device(Device::Cpu).to_kind(Kind::Float);
+    let totals = trainer.accumulate_gradients(policy, std::slice::from_ref(batch), trainer.normalizer(std::slice::from_ref(batch)))?;
+    let grads: Vec<Tensor> = policy.trainable_variables().iter().map(|v| v.grad().to_device(Device::Cpu).to_kind(Kind::Float).reshape([-1])).collect();
+    Ok((lp, totals.loss.double_value(&[]), Tensor::cat(&grads, 0)))
+}
+
+fn norm(t: &Tensor) -> f64 {
+    t.square().sum(Kind::Double).sqrt().double_value(&[])
+}
+
+fn cosine(a: &Tensor, b: &Tensor) -> f64 {
+    (a * b).sum(Kind::Double).double_value(&[]) / (norm(a) * norm(b)).max(1e-30)
+}

@@ -1,0 +1,91 @@
+//! Activation checkpointing by staged recomputation (tch has no custom autograd functions).
+//!
+//! The checkpointed forward runs the decoder layers without autograd, keeping only each layer's
+//! input (detached), and hands the final norm a leaf copy of the last layer's output that
+//! requires grad: the loss backward stops there. [`CausalLm::finish_checkpointed_backward`] then
+//! walks the layers in reverse, recomputing layer `l` from its saved input (as a leaf that
+//! requires grad) and backpropagating `⟨out, grad_out⟩`, which accumulates the layer's parameter
+//! gradients and yields the gradient of its input, the upstream gradient of layer `l − 1`; last
+//! comes the embedding when it trains. Peak activation memory is one layer's graph plus one
+//! (B, L, hidden) tensor per layer, at the cost of a second forward through the layers.
+
+use tch::{Kind, Tensor};
+
+use super::layers::TchResult;
+use super::transformer::{document_mask, CausalLm};
+
+/// What the checkpointed forward keeps for the backward walk.
+#[derive(Debug)]
+pub(crate) struct SavedActivations {
+    input_ids: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    mask: Option<Tensor>,
+    /// Input of each decoder layer (the embeddings first), detached.
+    layer_inputs: Vec<Tensor>,
+    /// The last layer's output as the leaf the loss backward stops at.
+    last_output: Tensor,
+}
+
+/// Whether autograd records operations here (false inside `tch::no_grad`). A tiny CPU probe: no
+/// device work, no sync.
+pub(crate) fn grad_mode_enabled() -> bool {
+    let probe = Tensor::zeros([1], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    (&probe * 2.0).requires_grad()
+}
+
+impl CausalLm {
+    /// [`CausalLm::hidden_states`] with the decoder layers run without autograd; returns the
+    /// final hidden states (differentiable with respect to the final norm and the leaf) and what
+    /// [`CausalLm::finish_checkpointed_backward`] needs.
+    pub(crate) fn hidden_states_checkpointed(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        packed: Option<bool>,
+    ) -> TchResult<(Tensor, SavedActivations)> {
+        let (cos, sin, mask, layer_inputs, last) = tch::no_grad(|| -> TchResult<_> {
+            let mut x = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
+            let (cos, sin) = self.rotary.cos_sin(position_ids, x.kind())?;
+            let mask = document_mask(position_ids, packed)?;
+            let mut layer_inputs = Vec::with_capacity(self.layers.len());
+            for layer in &self.layers {
+                let next = layer.forward(&x, &cos, &sin, mask.as_ref())?;
+                layer_inputs.push(x);
+                x = next;
+            }
+            Ok((cos, sin, mask, layer_inputs, x))
+        })?;
+        let last_output = last.f_detach()?.set_requires_grad(true);
+        let hidden = self.norm.forward(&last_output)?;
+        let saved = SavedActivations { input_ids: input_ids.shallow_clone(), cos, sin, mask, layer_inputs, last_output };
+        Ok((hidden, saved))
+    }
+
+    /// Completes the backward pass after the loss backward reached `saved.last_output`:
+    /// recomputes each layer in reverse and accumulates every trainable gradient below it. Does
+    /// nothing when the loss backward did not reach the leaf.
+    pub(crate) fn finish_checkpointed_backward(&self, saved: SavedActivations) -> TchResult<()> {
+        let mut grad_out = saved.last_output.grad();
+        if !grad_out.defined() {
+            return Ok(());
+        }
+        let embed_trains = self.embed_tokens.requires_grad();
+        for (l, (layer, input)) in self.layers.iter().zip(&saved.layer_inputs).enumerate().rev() {
+            // Layer 0's input gradient only matters for a trainable embedding.
+            let needs_input_grad = l > 0 || embed_trains;
+            let x = input.f_detach()?.set_requires_grad(needs_input_grad);
+            let out = layer.forward(&x, &saved.cos, &saved.sin, saved.mask.as_ref())?;
+            if !out.requires_grad() {
+                return Ok(()); // nothing below trains
+            }
+            out.f_mul(&grad_out)?.f_sum(out.kind())?.f_backward()?;
+            if !needs_input_grad {
+                return Ok(());
+            }
+            grad_out = x.grad();
+        }
+        let embeddings = Tensor::f_embedding(&self.embed_tokens, &saved.input_ids, -1, false, false)?;
+        embeddings.f_mul(&grad_out)?.f_sum(embeddings.kind())?.f_backward()
+    }
+}
