@@ -110,6 +110,7 @@ async fn prepare_and_train(
     }
     ensure_running(ctx)?;
 
+    super::fault_hook::pause_if_requested("train", current_step + 1).await;
     let clock = Instant::now();
     let metrics = ctx.engine.train(prepared.batches.clone()).await?;
     let train_s = clock.elapsed().as_secs_f64();
@@ -123,6 +124,7 @@ async fn prepare_and_train(
     let format = ctx.engine.save(&staged).await?;
     let save_s = clock.elapsed().as_secs_f64();
 
+    super::fault_hook::pause_if_requested("upload", step).await;
     let clock = Instant::now();
     let uploaded = upload_with_retry(ctx, step, format, &staged).await?;
     let upload_s = clock.elapsed().as_secs_f64();
