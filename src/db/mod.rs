@@ -5,6 +5,7 @@
 //! operation, model and group they concern.
 
 pub mod claims;
+pub mod commit_lock;
 pub mod databases;
 pub mod groups;
 pub mod models;
