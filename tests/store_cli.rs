@@ -21,7 +21,7 @@ async fn upload(store: &Store, step: u64, dir: &Path) {
 /// Runs `trainq checkpoint fetch ARGS` with `env` added to the child's environment only.
 fn trainq_fetch(args: &[&str], env: &[(&str, String)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_trainq"));
-    command.args(["checkpoint", "fetch"]).args(args).env_remove("TRAINQ_STORE");
+    command.args(["checkpoint", "fetch"]).args(args).env_remove("TRAINQ_STORE").env_remove("DATABASE_URL");
     for (key, value) in env {
         command.env(key, value);
     }

@@ -5,6 +5,7 @@
 //! operation, model and group they concern.
 
 pub mod claims;
+pub mod commit_lock;
 pub mod databases;
 pub mod groups;
 pub mod models;
@@ -22,7 +23,10 @@ pub use claims::{
 };
 pub use groups::{count_pending, group_status, has_pending, queue_counts, submit_group, GroupStatus, NewGroup, QueueCounts};
 pub use models::{create_model, get_model, list_models, Model, NewModel};
-pub use steps::{commit_step, latest_checkpoint, list_steps, CheckpointRecord, StepRecord};
+pub use steps::{
+    commit_step, deleted_checkpoint_steps, latest_checkpoint, list_steps, mark_checkpoints_deleted, CheckpointRecord,
+    StepRecord,
+};
 pub use workers::{heartbeat_worker, list_workers, register_worker, Worker, WorkerInfo};
 
 /// The migrations in `migrations/`, embedded in the binary.

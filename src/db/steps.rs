@@ -208,3 +208,40 @@ pub async fn latest_checkpoint(pool: &PgPool, model: &str) -> Result<Option<Chec
     .await
     .map_err(Error::db(format!("latest checkpoint of model {model:?}")))
 }
+
+/// Marks the checkpoints of `model` at `steps` deleted (`deleted_at = now()`) after retention
+/// removed their objects; rows already marked keep their first time. Returns the rows marked now.
+pub async fn mark_checkpoints_deleted(pool: &PgPool, model: &str, steps: &[i64]) -> Result<u64> {
+    sqlx::query(
+        "UPDATE trainq.checkpoints SET deleted_at = now() \
+         WHERE model = $1 AND step = ANY($2) AND deleted_at IS NULL",
+    )
+    .bind(model)
+    .bind(steps)
+    .execute(pool)
+    .await
+    .map(|done| done.rows_affected())
+    .map_err(Error::db(format!("mark checkpoints {steps:?} of model {model:?} deleted")))
+}
+
+/// Steps of `model` whose checkpoint rows are marked deleted, ascending.
+pub async fn deleted_checkpoint_steps(pool: &PgPool, model: &str) -> Result<Vec<i64>> {
+    sqlx::query_scalar("SELECT step FROM trainq.checkpoints WHERE model = $1 AND deleted_at IS NOT NULL ORDER BY step")
+        .bind(model)
+        .fetch_all(pool)
+        .await
+        .map_err(Error::db(format!("deleted checkpoints of model {model:?}")))
+}
+
+/// The checkpoint row of `model` at `step`, if one was committed.
+pub async fn checkpoint_at(pool: &PgPool, model: &str, step: i64) -> Result<Option<CheckpointRecord>> {
+    sqlx::query_as(
+        "SELECT model, step, uri, format::text AS format, bytes, sha256, manifest \
+         FROM trainq.checkpoints WHERE model = $1 AND step = $2",
+    )
+    .bind(model)
+    .bind(step)
+    .fetch_optional(pool)
+    .await
+    .map_err(Error::db(format!("checkpoint {step} of model {model:?}")))
+}

@@ -7,6 +7,7 @@
 
 mod base_model;
 mod engine_thread;
+pub mod fault_hook;
 mod options;
 mod prepare;
 mod record;
@@ -26,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::checkpoint::{apply_retention, fetch_checkpoint, FetchOptions, Store};
 use crate::db::models::get_model;
-use crate::db::steps::latest_checkpoint;
+use crate::db::steps::{latest_checkpoint, mark_checkpoints_deleted};
 use crate::db::workers::{heartbeat_worker, register_worker, WorkerInfo};
 use crate::error::Result;
 use crate::queue::{spawn_rescuer, GroupWaiter};
@@ -58,7 +59,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
         devices: serde_json::json!([device_name(opts.device)]),
     };
     register_worker(pool, &info).await?;
-    let store = Store::open(&opts.store_url)?;
+    let store = Store::open_with(&opts.store_url, &opts.store_options)?;
     let base_dir = base_model::resolve_base_model(&model.base, &opts.work_dir).await?;
     let tokenizer = Arc::new(ChatTokenizer::from_dir(&base_dir)?);
     let (mut engine_step, resume_dir) = stage_latest(pool, &store, opts).await?;
@@ -105,11 +106,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
             StepOutcome::Committed(record) => {
                 engine_step = record.step;
                 log_step(&record);
-                match apply_retention(&store, &opts.model, &opts.retention).await {
-                    Ok(deleted) if !deleted.is_empty() => tracing::info!(model = %opts.model, ?deleted, "retention removed checkpoints"),
-                    Ok(_) => {}
-                    Err(err) => tracing::warn!(model = %opts.model, "retention failed: {err}"),
-                }
+                apply_and_record_retention(pool, &store, opts).await;
                 summary.steps.push(*record);
             }
         }
@@ -118,6 +115,23 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
     cancel.cancel();
     let _ = rescuer.await;
     Ok(summary)
+}
+
+/// Deletes the checkpoints retention drops from the store and marks their rows deleted; a
+/// failure only warns (the next commit tries again).
+async fn apply_and_record_retention(pool: &PgPool, store: &Store, opts: &WorkerOptions) {
+    let deleted = match apply_retention(store, &opts.model, &opts.retention).await {
+        Ok(deleted) => deleted,
+        Err(err) => return tracing::warn!(model = %opts.model, "retention failed: {err}"),
+    };
+    if deleted.is_empty() {
+        return;
+    }
+    tracing::info!(model = %opts.model, ?deleted, "retention removed checkpoints");
+    let steps: Vec<i64> = deleted.iter().map(|&s| s as i64).collect();
+    if let Err(err) = mark_checkpoints_deleted(pool, &opts.model, &steps).await {
+        tracing::warn!(model = %opts.model, "could not mark deleted checkpoints: {err}");
+    }
 }
 
 /// Downloads the model's latest committed checkpoint into the work directory, if it has one;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tch::Device;
 
-use crate::checkpoint::RetentionPolicy;
+use crate::checkpoint::{RetentionPolicy, StoreOptions};
 use crate::config::TrainConfig;
 
 /// Default interval of the poll fallback when no notification arrives.
@@ -23,6 +23,8 @@ pub struct WorkerOptions {
     pub worker_id: String,
     /// Object store URL checkpoints go to (`s3://bucket/prefix`, `file:///dir`, `memory://`).
     pub store_url: String,
+    /// How to reach the store (credentials, endpoint, retries); by default from the environment.
+    pub store_options: StoreOptions,
     /// Training device.
     pub device: Device,
     /// Local directory for the base model copy, staged checkpoints and fetched checkpoints.
@@ -50,6 +52,7 @@ impl WorkerOptions {
             work_dir: std::env::temp_dir().join("trainq").join(&model),
             model,
             store_url: store_url.into(),
+            store_options: StoreOptions::default(),
             device,
             overrides: ConfigOverrides::default(),
             poll_interval: DEFAULT_POLL_INTERVAL,

@@ -17,6 +17,7 @@ use super::prepare::{prepare_step, PreparedStep};
 use super::record::summarize_trained;
 use crate::checkpoint::{upload_checkpoint, Store, UploadOptions, UploadedCheckpoint};
 use crate::config::TrainConfig;
+use crate::db::commit_lock::{lock_commits, CommitLock};
 use crate::db::claims::{claim_groups, release_groups, skip_groups, Claim, ClaimParams};
 use crate::db::steps::{commit_step, CheckpointRecord, StepRecord};
 use crate::error::{Error, Result};
@@ -110,6 +111,7 @@ async fn prepare_and_train(
     }
     ensure_running(ctx)?;
 
+    super::fault_hook::pause_if_requested("train", current_step + 1).await;
     let clock = Instant::now();
     let metrics = ctx.engine.train(prepared.batches.clone()).await?;
     let train_s = clock.elapsed().as_secs_f64();
@@ -123,12 +125,47 @@ async fn prepare_and_train(
     let format = ctx.engine.save(&staged).await?;
     let save_s = clock.elapsed().as_secs_f64();
 
+    super::fault_hook::pause_if_requested("upload", step).await;
+    let timings = json!({"claim": claim_s, "prepare": prepare_s, "train": train_s, "save": save_s});
+    let trained = TrainedStep { step, started_at, timings, metrics, format, staged };
+    // Held through upload and commit: no other worker of this model writes step `step` meanwhile.
+    let mut lock = lock_commits(ctx.pool, &ctx.opts.model).await?;
+    let outcome = upload_and_commit(ctx, claim, &prepared, trained, &mut lock).await;
+    lock.release().await;
+    outcome
+}
+
+/// A trained step, saved locally and not yet uploaded.
+struct TrainedStep {
+    step: i64,
+    started_at: chrono::DateTime<Utc>,
+    /// Seconds of the phases so far (claim, prepare, train, save).
+    timings: serde_json::Value,
+    metrics: StepMetrics,
+    format: crate::checkpoint::CheckpointFormat,
+    staged: PathBuf,
+}
+
+/// Uploads the staged checkpoint and commits the step, unless another worker committed this
+/// step number first (then the step is given up before touching that checkpoint's objects).
+async fn upload_and_commit(
+    ctx: &mut StepContext<'_>,
+    claim: &Claim,
+    prepared: &PreparedStep,
+    trained: TrainedStep,
+    lock: &mut CommitLock,
+) -> Result<StepOutcome> {
+    let TrainedStep { step, started_at, mut timings, metrics, format, staged } = trained;
+    let now_at = lock.current_step().await?;
+    if now_at != step - 1 {
+        let model = &ctx.opts.model;
+        return Err(Error::Engine(format!("step {step} of model {model:?} was committed by another worker (now at {now_at})")));
+    }
     let clock = Instant::now();
     let uploaded = upload_with_retry(ctx, step, format, &staged).await?;
-    let upload_s = clock.elapsed().as_secs_f64();
+    timings["upload"] = json!(clock.elapsed().as_secs_f64());
 
-    let timings = json!({"claim": claim_s, "prepare": prepare_s, "train": train_s, "save": save_s, "upload": upload_s});
-    let record = step_record(ctx, claim, &prepared, &metrics, step, started_at, timings, &uploaded);
+    let record = step_record(ctx, claim, prepared, &metrics, step, started_at, timings, &uploaded);
     let checkpoint = CheckpointRecord {
         model: ctx.opts.model.clone(),
         step,

@@ -5,3 +5,4 @@
 pub mod db;
 pub mod checkpoint_files;
 pub mod s3;
+pub mod tiny_worker;

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use trainq::checkpoint::store::step_dir_name;
 use trainq::checkpoint::{fetch_checkpoint, latest_complete_step, read_manifest, FetchOptions, Store};
+use trainq::db::steps::{checkpoint_at, latest_checkpoint};
 
 /// Checkpoint commands.
 #[derive(Subcommand)]
@@ -24,10 +26,16 @@ pub(crate) struct FetchArgs {
     /// The model.
     #[arg(long = "model", value_name = "NAME")]
     model_flag: Option<String>,
-    /// Where checkpoints live: s3://bucket/prefix, gs://…, az://…, file:///dir.
+    /// Where checkpoints live: s3://bucket/prefix, gs://…, az://…, file:///dir. Optional with
+    /// --database-url: then the store of the checkpoint's recorded URI.
     #[arg(long, env = "TRAINQ_STORE")]
-    store: String,
-    /// A step number, or `latest`: the highest step whose manifest exists in the store.
+    store: Option<String>,
+    /// PostgreSQL URL. When given, `latest` is the newest committed checkpoint
+    /// (`trainq.latest_checkpoint`) and the store defaults to where it was uploaded.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: Option<String>,
+    /// A step number, or `latest`: the newest committed checkpoint (with --database-url), else
+    /// the highest step whose manifest exists in the store.
     #[arg(long, default_value = "latest")]
     step: String,
     /// Destination directory; created, and must not hold files unless --force.
@@ -48,8 +56,20 @@ pub(crate) fn run(command: CheckpointCommand) -> Result<()> {
 
 async fn fetch(args: FetchArgs) -> Result<()> {
     let model = args.model.or(args.model_flag).expect("clap requires a model");
-    let store = Store::open(&args.store).with_context(|| format!("opening store {}", args.store))?;
-    let step = resolve_step(&store, &model, &args.step).await?;
+    let recorded = match &args.database_url {
+        Some(url) => recorded_checkpoint(url, &model, &args.step).await?,
+        None => None,
+    };
+    let store_url = match (&args.store, &recorded) {
+        (Some(url), _) => url.clone(),
+        (None, Some((step, uri))) => store_url_of(uri, &model, *step)?,
+        (None, None) => bail!("--store (or TRAINQ_STORE) is required without --database-url"),
+    };
+    let store = Store::open(&store_url).with_context(|| format!("opening store {store_url}"))?;
+    let step = match recorded {
+        Some((step, _)) => step,
+        None => resolve_step(&store, &model, &args.step).await?,
+    };
     let manifest = read_manifest(&store, &model, step).await?;
     let bar = ProgressBar::new(manifest.total_bytes);
     bar.set_style(
@@ -71,6 +91,36 @@ async fn fetch(args: FetchArgs) -> Result<()> {
         args.to.display()
     );
     Ok(())
+}
+
+/// With a database: the checkpoint row named by `step` (`latest` through
+/// `trainq.latest_checkpoint`), as (step, recorded URI).
+async fn recorded_checkpoint(database_url: &str, model: &str, step: &str) -> Result<Option<(u64, String)>> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(database_url)
+        .await
+        .context("connect to PostgreSQL")?;
+    let found = if step == "latest" {
+        latest_checkpoint(&pool, model).await?.map(|c| (c.step, c.uri))
+    } else {
+        let step: i64 = step.parse().with_context(|| format!("--step {step:?} is neither a number nor `latest`"))?;
+        checkpoint_at(&pool, model, step).await?.map(|c| (c.step, c.uri))
+    };
+    pool.close().await;
+    match found {
+        Some((step, uri)) => Ok(Some((step as u64, uri))),
+        None => bail!("model {model:?} has no committed checkpoint at step {step}"),
+    }
+}
+
+/// The store URL a recorded checkpoint URI (`{store}/{model}/checkpoints/{step:06}/`) lives in.
+fn store_url_of(uri: &str, model: &str, step: u64) -> Result<String> {
+    let tail = format!("/{model}/checkpoints/{}", step_dir_name(step));
+    match uri.trim_end_matches('/').strip_suffix(&tail) {
+        Some(store) if !store.is_empty() => Ok(store.to_string()),
+        _ => bail!("checkpoint URI {uri:?} does not end in {tail}/: pass --store"),
+    }
 }
 
 /// `latest` → the highest step with a manifest in the store; otherwise a step number.

@@ -1,0 +1,109 @@
+//! The worker under faults, with the real `trainq worker` binary paused at a step phase through
+//! its test hook (`TRAINQ_FAULT_PAUSE_AT`): kill -9 in training and in upload (no step row, no
+//! group lost or stuck, a restarted worker completes the step, each group trained once), and the
+//! S3 server stopped during upload (the upload is retried, the step recorded once and whole).
+
+mod common;
+
+use std::time::Duration;
+
+use object_store::ObjectStoreExt;
+use sha2::{Digest, Sha256};
+use trainq::checkpoint::{complete_steps, read_manifest, MANIFEST_FILE};
+use trainq::db::rescue_expired;
+use trainq::db::steps::{latest_checkpoint, list_steps};
+use trainq::worker::fault_hook::{FAULT_PAUSED_MARKER, FAULT_PAUSE_AT_ENV, FAULT_RESUME_FILE_ENV};
+
+use common::db::TestDb;
+use common::s3::MotoServer;
+use common::tiny_worker::{build_model, groups, register, step_rows, submit, tiny_config, wait_until, WorkerProcess};
+
+/// Lease of the groups in these tests: short, so that a killed worker's claim expires quickly.
+const LEASE_SECONDS: i64 = 3;
+const START_LIMIT: Duration = Duration::from_secs(60);
+
+async fn kill_nine_at(phase: &str) {
+    let db = TestDb::new().await;
+    let server = MotoServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    register(&db.pool, "m", &model_dir, tiny_config(2, LEASE_SECONDS)).await;
+    submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.5]], Some(0)).await;
+    let store_url = server.url("kill");
+    let (url, args) = (db.url(None), ["--max-steps", "1"]);
+
+    let pause = [(FAULT_PAUSE_AT_ENV, phase)];
+    let mut first = WorkerProcess::spawn(&url, "m", &store_url, Some(&server), &work.path().join("w1"), &pause, &args);
+    first.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase={phase} step=1"), START_LIMIT);
+    first.kill9();
+
+    assert_eq!(step_rows(&db.pool, "m").await, 0);
+    assert!(groups(&db.pool, "m").await.iter().all(|g| g.state == "claimed"), "the killed worker's claim stays until its lease ends");
+    // The rescuer's query returns the groups once the lease has expired.
+    wait_until("the expired claim is rescued", Duration::from_secs(30), || async {
+        rescue_expired(&db.pool, None).await.unwrap();
+        groups(&db.pool, "m").await.iter().all(|g| g.state == "pending")
+    })
+    .await;
+    assert!(groups(&db.pool, "m").await.iter().all(|g| g.attempts == 1));
+
+    let mut second = WorkerProcess::spawn(&url, "m", &store_url, Some(&server), &work.path().join("w2"), &[], &args);
+    assert!(second.wait_exit(START_LIMIT), "{}", second.seen.join("\n"));
+    let rows = groups(&db.pool, "m").await;
+    assert!(rows.iter().all(|g| g.state == "trained" && g.step == Some(1)), "{rows:?}");
+    let steps = list_steps(&db.pool, "m", 10).await.unwrap();
+    assert_eq!(steps.iter().map(|s| (s.step, s.groups_trained)).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert_eq!(complete_steps(&server.store("kill"), "m").await.unwrap(), vec![1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_in_training_leaves_no_step_and_a_restarted_worker_completes_it() {
+    kill_nine_at("train").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_in_upload_leaves_no_step_and_a_restarted_worker_completes_it() {
+    kill_nine_at("upload").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_outage_during_upload_is_retried_and_the_step_is_recorded_once_and_whole() {
+    let db = TestDb::new().await;
+    let mut server = MotoServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    register(&db.pool, "m", &model_dir, tiny_config(2, 30)).await;
+    submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.5]], Some(0)).await;
+    let store_url = server.url("outage");
+    let resume = work.path().join("resume");
+    let resume_str = resume.to_str().unwrap().to_string();
+    let env = [(FAULT_PAUSE_AT_ENV, "upload"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
+    let mut worker =
+        WorkerProcess::spawn(&db.url(None), "m", &store_url, Some(&server), &work.path().join("w"), &env, &["--max-steps", "1"]);
+    worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=upload"), START_LIMIT);
+
+    server.kill();
+    std::fs::write(&resume, b"").unwrap();
+    // object_store logs each failed attempt it is about to retry.
+    worker.wait_for_line("Encountered transport error", Duration::from_secs(30));
+    assert_eq!(step_rows(&db.pool, "m").await, 0, "nothing is recorded while the store is down");
+    assert!(groups(&db.pool, "m").await.iter().all(|g| g.state == "claimed"));
+
+    server.restart(); // same port, fresh and empty bucket
+    assert!(worker.wait_exit(START_LIMIT), "{}", worker.seen.join("\n"));
+    let steps = list_steps(&db.pool, "m", 10).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    assert!(groups(&db.pool, "m").await.iter().all(|g| g.state == "trained" && g.step == Some(1) && g.attempts == 0));
+    // Whole: every file of the manifest is in the restarted server, the row's sha256 is the manifest's.
+    let store = server.store("outage");
+    let manifest = read_manifest(&store, "m", 1).await.unwrap();
+    for file in &manifest.files {
+        let bytes = store.object_store().get(&store.checkpoint_file("m", 1, &file.path)).await.unwrap().bytes().await.unwrap();
+        assert_eq!(hex::encode(Sha256::digest(&bytes)), file.sha256, "{}", file.path);
+    }
+    let key = store.checkpoint_file("m", 1, MANIFEST_FILE);
+    let manifest_bytes = store.object_store().get(&key).await.unwrap().bytes().await.unwrap();
+    let row = latest_checkpoint(&db.pool, "m").await.unwrap().unwrap();
+    assert_eq!((row.step, hex::encode(Sha256::digest(&manifest_bytes))), (1, row.sha256.clone()));
+    assert_eq!(steps[0].checkpoint_sha256, Some(row.sha256));
+}

@@ -1,0 +1,179 @@
+//! The worker end to end against real PostgreSQL and a real S3 server (moto): several steps with
+//! their records and checkpoints, the seed scenario of zero-variance groups, and stale groups with
+//! and without async weight syncing.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use object_store::ObjectStoreExt;
+use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use trainq::checkpoint::{complete_steps, fetch_checkpoint, read_manifest, FetchOptions, RetentionPolicy, MANIFEST_FILE};
+use trainq::db::steps::{deleted_checkpoint_steps, latest_checkpoint, list_steps};
+use trainq::worker::run_worker;
+
+use common::db::TestDb;
+use common::s3::MotoServer;
+use common::tiny_worker::{build_model, groups, options, register, s3_env, step_rows, submit, tiny_config, WorkerProcess};
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_run_records_its_steps_and_fetch_returns_exactly_what_was_trained() {
+    let db = TestDb::new().await;
+    let server = MotoServer::start();
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    register(&db.pool, "m", &model_dir, tiny_config(2, 30)).await;
+    let varied: &[f64] = &[0.0, 1.0, 0.5];
+    submit(&db.pool, "m", &[varied; 6], Some(0)).await;
+
+    let store_url = server.url("run");
+    let mut opts = options("m", &store_url, server.store_options(Duration::from_secs(30)), &work.path().join("worker"));
+    opts.overrides.async_weight_syncing = Some(true);
+    opts.overrides.max_staleness = Some(4);
+    opts.max_steps = Some(3);
+    opts.retention = RetentionPolicy { keep_last: 2, keep_every: 0 };
+    let summary = run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
+    assert_eq!(summary.steps.len(), 3);
+    assert_eq!(summary.abandoned, 0);
+
+    // Step records: flag, lag (all groups sampled from checkpoint 0), counts, checkpoint.
+    let mut steps = list_steps(&db.pool, "m", 10).await.unwrap();
+    steps.reverse();
+    assert_eq!(steps.iter().map(|s| s.step).collect::<Vec<_>>(), vec![1, 2, 3]);
+    for s in &steps {
+        assert!(s.async_weight_syncing);
+        assert_eq!((s.policy_lag_min, s.policy_lag_max), (Some(s.step - 1), Some(s.step - 1)), "step {}", s.step);
+        assert_eq!((s.groups_claimed, s.groups_trained, s.trajectories), (2, 2, 6));
+        assert!(s.tokens > 0 && s.loss.is_some_and(f64::is_finite) && s.grad_norm.is_some_and(f64::is_finite));
+        assert!((s.reward_mean.unwrap() - 0.5).abs() < 1e-9);
+        for phase in ["claim", "prepare", "train", "save", "upload"] {
+            assert!(s.timings[phase].as_f64().is_some_and(|t| t >= 0.0), "timing {phase} of step {}", s.step);
+        }
+        assert_eq!(s.checkpoint_uri.as_deref(), Some(format!("{store_url}/m/checkpoints/{:06}/", s.step).as_str()));
+    }
+    let states = groups(&db.pool, "m").await;
+    assert!(states.iter().all(|g| g.state == "trained"), "{states:?}");
+    let mut trained_steps: Vec<i64> = states.iter().map(|g| g.step.unwrap()).collect();
+    trained_steps.sort();
+    assert_eq!(trained_steps, vec![1, 1, 2, 2, 3, 3]);
+
+    // Retention kept the last two in the store and marked step 1's row deleted.
+    let store = server.store("run");
+    assert_eq!(complete_steps(&store, "m").await.unwrap(), vec![2, 3]);
+    assert_eq!(deleted_checkpoint_steps(&db.pool, "m").await.unwrap(), vec![1]);
+    let latest = latest_checkpoint(&db.pool, "m").await.unwrap().unwrap();
+    assert_eq!(latest.step, 3);
+
+    // The manifest lists the staged files with their sha256; the row holds the manifest's sha256.
+    let staged = work.path().join("worker/staging/000003");
+    let manifest = read_manifest(&store, "m", 3).await.unwrap();
+    assert!(manifest.files.iter().any(|f| f.path == "adapter_model.safetensors"), "{manifest:?}");
+    for file in &manifest.files {
+        let bytes = std::fs::read(staged.join(&file.path)).unwrap();
+        assert_eq!((sha256_hex(&bytes), bytes.len() as u64), (file.sha256.clone(), file.bytes), "{}", file.path);
+    }
+    let key = store.checkpoint_file("m", 3, MANIFEST_FILE);
+    let manifest_bytes = store.object_store().get(&key).await.unwrap().bytes().await.unwrap();
+    assert_eq!(sha256_hex(&manifest_bytes), latest.sha256);
+    assert_eq!(steps[2].checkpoint_sha256.as_deref(), Some(latest.sha256.as_str()));
+
+    // The library fetch returns the staged bytes exactly.
+    let fetched = work.path().join("fetched");
+    fetch_checkpoint(&store, "m", 3, &fetched, &FetchOptions::default(), &|_| {}).await.unwrap();
+    assert_same_bytes(&staged, &fetched, &manifest);
+
+    // `trainq checkpoint fetch m` with only the database: latest and the store come from Postgres.
+    let by_cli = work.path().join("by-cli");
+    let output = Command::new(env!("CARGO_BIN_EXE_trainq"))
+        .args(["checkpoint", "fetch", "m", "--to"])
+        .arg(&by_cli)
+        .env_remove("TRAINQ_STORE")
+        .env("DATABASE_URL", db.url(None))
+        .envs(s3_env(&server))
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("fetched m step 3"));
+    assert_same_bytes(&staged, &by_cli, &manifest);
+}
+
+fn assert_same_bytes(staged: &std::path::Path, fetched: &std::path::Path, manifest: &trainq::checkpoint::Manifest) {
+    for file in &manifest.files {
+        let (a, b) = (std::fs::read(staged.join(&file.path)).unwrap(), std::fs::read(fetched.join(&file.path)).unwrap());
+        assert!(a == b, "{} differs from what the worker trained", file.path);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_constant_inside_but_different_across_take_no_step_then_a_mixed_batch_trains() {
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    register(&db.pool, "m", &model_dir, tiny_config(4, 30)).await;
+    let seed = submit(&db.pool, "m", &[&[0.0, 0.0], &[1.0, 1.0], &[0.5, 0.5], &[0.25, 0.25]], Some(0)).await;
+
+    let store_url = format!("file://{}", work.path().join("store").display());
+    let args = ["--max-steps", "1"];
+    let mut worker = WorkerProcess::spawn(&db.url(None), "m", &store_url, None, &work.path().join("w"), &[], &args);
+    let line = worker.wait_for_line("filter: kept 0 of 4 groups", Duration::from_secs(60));
+    assert!(line.contains("zero_variance=4"), "{line}");
+    for id in &seed {
+        assert!(line.contains(&format!("{id} zero_variance std=0")), "{line}");
+    }
+    worker.wait_for_line("no step taken: all 4 claimed group(s) were skipped", Duration::from_secs(10));
+    let rows = groups(&db.pool, "m").await;
+    for row in &rows {
+        assert_eq!((row.state.as_str(), row.skip_reason.as_deref(), row.skip_std), ("skipped", Some("zero_variance"), Some(0.0)));
+    }
+    assert_eq!(step_rows(&db.pool, "m").await, 0);
+
+    submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 1.0], &[0.0, 0.5], &[0.2, 0.2]], Some(0)).await;
+    worker.wait_for_line("step committed", Duration::from_secs(60));
+    assert!(worker.wait_exit(Duration::from_secs(30)), "{}", worker.seen.join("\n"));
+    let steps = list_steps(&db.pool, "m", 10).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!((steps[0].step, steps[0].groups_claimed, steps[0].groups_trained), (1, 4, 2));
+    assert_eq!(steps[0].groups_skipped, serde_json::json!({"zero_variance": 2}));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_groups_are_skipped_without_async_weight_syncing_and_trained_with_it() {
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    for (name, async_weight_syncing) in [("sync", false), ("async", true)] {
+        register(&db.pool, name, &model_dir, tiny_config(4, 30)).await;
+        let store_url = format!("file://{}", work.path().join("store").display());
+        let mut opts = options(name, &store_url, Default::default(), &work.path().join(name));
+        opts.overrides.async_weight_syncing = Some(async_weight_syncing);
+        opts.overrides.max_staleness = Some(2);
+        opts.max_steps = Some(1);
+        submit(&db.pool, name, &[&[0.0, 1.0], &[1.0, 0.0]], Some(0)).await;
+        run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
+        // Now at step 1: two groups from checkpoint 0 (lag 1) and two from checkpoint 1 (lag 0).
+        let stale = submit(&db.pool, name, &[&[0.0, 1.0], &[0.0, 0.5]], Some(0)).await;
+        submit(&db.pool, name, &[&[1.0, 0.0], &[0.5, 0.0]], Some(1)).await;
+        let summary = run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
+        assert_eq!(summary.steps.len(), 1);
+
+        let step = &list_steps(&db.pool, name, 1).await.unwrap()[0];
+        assert_eq!((step.step, step.async_weight_syncing), (2, async_weight_syncing));
+        let rows = groups(&db.pool, name).await;
+        let stale_rows: Vec<_> = rows.iter().filter(|r| stale.contains(&r.id)).collect();
+        if async_weight_syncing {
+            assert_eq!((step.groups_trained, step.policy_lag_min, step.policy_lag_max), (4, Some(0), Some(1)));
+            assert_eq!(step.groups_skipped, serde_json::json!({}));
+            assert!(stale_rows.iter().all(|r| r.state == "trained" && r.step == Some(2)), "{stale_rows:?}");
+        } else {
+            assert_eq!((step.groups_trained, step.policy_lag_min, step.policy_lag_max), (2, Some(0), Some(0)));
+            assert_eq!(step.groups_skipped, serde_json::json!({"stale": 2}));
+            assert!(stale_rows.iter().all(|r| r.state == "skipped" && r.skip_reason.as_deref() == Some("stale")), "{stale_rows:?}");
+        }
+    }
+}
