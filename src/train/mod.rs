@@ -8,10 +8,14 @@
 
 pub mod adamw;
 pub mod batch_tensors;
+pub mod data_parallel;
+pub mod ranks;
 pub mod trainer;
 
 pub use adamw::{clip_grad_norm, AdamW};
 pub use batch_tensors::{to_tensors, MicroBatchTensors};
+pub use data_parallel::data_parallel_step;
+pub use ranks::{RankGroup, RankReplica};
 pub use trainer::{StepMetrics, Trainer};
 
 use tch::Tensor;
