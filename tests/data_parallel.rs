@@ -2,6 +2,8 @@
 //! in-process collective gives the same LoRA weights, gradients and metrics as one rank training
 //! on the whole batch.
 
+use std::sync::Mutex;
+
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
 use trainq::config::{LoraConfig, LossNormalization, TrainConfig};
@@ -19,6 +21,10 @@ fn config(normalization: LossNormalization) -> TrainConfig {
     let mut cfg = TrainConfig { lora: Some(LoraConfig { rank: 4, alpha: 8.0, ..LoraConfig::default() }), ..TrainConfig::default() };
     cfg.loss.normalization = normalization;
     cfg.optimizer.learning_rate = 1e-2;
+    // With the default eps AdamW's first steps move each weight by ±lr whatever the gradient's
+    // scale, which would hide a mis-scaled gradient and magnify the rounding noise of near-zero
+    // ones; a larger eps makes the update proportional to the gradient.
+    cfg.optimizer.eps = 1e-3;
     // Small enough that clipping is active: every rank must clip with the same global norm.
     cfg.optimizer.max_grad_norm = 0.05;
     cfg
@@ -45,7 +51,11 @@ fn micro_batches() -> Vec<MicroBatch> {
     batches
 }
 
+/// The seed is process-global and tests run on parallel threads: one replica is built at a time.
+static SEEDED_INIT: Mutex<()> = Mutex::new(());
+
 fn replica(cfg: &TrainConfig) -> Policy {
+    let _one_at_a_time = SEEDED_INIT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     Policy::from_config(&tiny_qwen3_config(VOCAB), cfg.lora.as_ref(), Device::Cpu, SEED).unwrap()
 }
 
@@ -72,7 +82,6 @@ fn single_rank(cfg: &TrainConfig, batches: &[MicroBatch]) -> Outcome {
 /// Runs `STEPS` data-parallel steps, rank `r` training on `split[r]` (indices into `batches`);
 /// returns every rank's outcome.
 fn data_parallel(cfg: &TrainConfig, batches: &[MicroBatch], split: &[Vec<usize>]) -> Vec<Outcome> {
-    // Replicas are built here, one after another: the seed is process-global.
     let replicas: Vec<Policy> = split.iter().map(|_| replica(cfg)).collect();
     let handles: Vec<_> = local_group(split.len())
         .into_iter()
