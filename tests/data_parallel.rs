@@ -168,7 +168,16 @@ fn a_rank_group_trains_like_one_rank_and_reports_rank_zero_metrics() {
     let expected = single_rank(&cfg, &batches);
     let replicas: Vec<RankReplica> = local_group(3)
         .into_iter()
-        .map(|c| RankReplica { policy: replica(&cfg), trainer: Trainer::new(&cfg, Device::Cpu), collective: Box::new(c) })
+        .map(|c| {
+            let policy = replica(&cfg);
+            if c.rank() > 0 {
+                // As if each GPU had drawn its own LoRA A: the group must start from rank 0's.
+                tch::no_grad(|| policy.trainable_variables().iter().for_each(|t| {
+                    let _ = t.detach().g_add_scalar_(0.1 * c.rank() as f64);
+                }));
+            }
+            RankReplica { policy, trainer: Trainer::new(&cfg, Device::Cpu), collective: Box::new(c) }
+        })
         .collect();
     let group = RankGroup::from_replicas(replicas).unwrap();
     let mut metrics = Vec::new();
@@ -177,4 +186,23 @@ fn a_rank_group_trains_like_one_rank_and_reports_rank_zero_metrics() {
     }
     let weights = group.run_on_rank_zero_blocking(|policy, _| Ok(outcome(policy, Vec::new()))).unwrap();
     assert_same_as_single_rank(&expected, &[Outcome { metrics, ..weights }]);
+}
+
+#[test]
+fn a_rank_with_a_bad_micro_batch_makes_every_rank_fail_the_step_instead_of_hanging() {
+    let (cfg, batches) = (config(LossNormalization::TokenMean), micro_batches());
+    let broken = MicroBatch { rows: 1, cols: 4, ..batches[0].clone() };
+    let shares = [vec![batches[0].clone()], vec![broken]];
+    let handles: Vec<_> = local_group(2)
+        .into_iter()
+        .map(|collective| {
+            let (mut policy, mine, cfg) = (replica(&cfg), shares[collective.rank()].clone(), cfg.clone());
+            std::thread::spawn(move || {
+                let mut trainer = Trainer::new(&cfg, Device::Cpu);
+                data_parallel_step(&collective, &mut trainer, &mut policy, &mine).map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    let errors: Vec<String> = handles.into_iter().map(|h| h.join().unwrap().unwrap_err()).collect();
+    assert!(errors[0].contains("other rank(s) failed") && errors[1].contains("field lengths"), "{errors:?}");
 }

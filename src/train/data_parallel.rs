@@ -36,7 +36,7 @@ pub fn data_parallel_step(
     if normalizer <= 0.0 {
         return Err(Error::Tokenize(format!("the step has no trained tokens on any of {} ranks", collective.world_size())));
     }
-    let totals = trainer.accumulate_gradients(model, batches, normalizer)?;
+    let totals = agree_on_success(collective, trainer.accumulate_gradients(model, batches, normalizer))?;
     let params = model.trainable_variables();
     define_missing_gradients(&params)?;
     let mut grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
@@ -56,6 +56,33 @@ pub fn data_parallel_step(
         micro_batches: summed.micro_batches.round() as usize,
         clip_fraction: summed.clipped_tokens / tokens,
         mean_ratio: summed.ratio_sum / tokens,
+    })
+}
+
+/// Every rank learns whether any rank failed its local work, so all of them abandon the step
+/// together instead of the others blocking in the next collective. (A rank that panics or dies
+/// still leaves its peers blocked: see docs/multi-gpu.md.)
+fn agree_on_success<T>(collective: &dyn Collective, local: Result<T>) -> Result<T> {
+    let failed_ranks = collective.all_reduce_scalar(if local.is_err() { 1.0 } else { 0.0 })?;
+    match local {
+        Ok(_) if failed_ranks > 0.0 => Err(Error::Collective(format!(
+            "{failed_ranks} other rank(s) failed this step; rank {} abandons it",
+            collective.rank()
+        ))),
+        local => local,
+    }
+}
+
+/// Makes every rank's `tensors` equal to rank 0's (a sum where only rank 0 contributes), e.g.
+/// the trainable weights of replicas whose LoRA adapters were initialized independently.
+pub fn copy_from_rank_zero(collective: &dyn Collective, tensors: &[Tensor]) -> Result<()> {
+    tch::no_grad(|| {
+        for t in tensors {
+            let mut value = if collective.rank() == 0 { t.detach().copy() } else { t.zeros_like() };
+            collective.all_reduce_sum(&mut value)?;
+            t.detach().copy_(&value);
+        }
+        Ok(())
     })
 }
 
@@ -123,6 +150,38 @@ mod tests {
         define_missing_gradients(&[a.shallow_clone(), b.shallow_clone()]).unwrap();
         assert_eq!(Vec::<f32>::try_from(a.grad()).unwrap(), vec![2.0, 2.0]);
         assert_eq!(Vec::<f32>::try_from(b.grad()).unwrap(), vec![0.0]);
+    }
+
+    #[test]
+    fn one_failing_rank_makes_every_rank_abandon_the_step() {
+        let handles: Vec<_> = local_group(3)
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let local = if c.rank() == 1 { Err(Error::Tokenize("bad batch".into())) } else { Ok(()) };
+                    agree_on_success(&c, local).map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        let errors: Vec<String> = handles.into_iter().map(|h| h.join().unwrap().unwrap_err()).collect();
+        assert!(errors[1].contains("bad batch") && errors[0].contains("1 other rank(s) failed"), "{errors:?}");
+    }
+
+    #[test]
+    fn every_rank_ends_with_rank_zeros_values() {
+        let handles: Vec<_> = local_group(3)
+            .into_iter()
+            .map(|c| {
+                std::thread::spawn(move || {
+                    let t = Tensor::from_slice(&[c.rank() as f32 + 1.0, 5.0]).set_requires_grad(true);
+                    copy_from_rank_zero(&c, std::slice::from_ref(&t)).unwrap();
+                    Vec::<f32>::try_from(t.detach()).unwrap()
+                })
+            })
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), vec![1.0, 5.0]);
+        }
     }
 
     #[test]

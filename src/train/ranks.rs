@@ -11,13 +11,13 @@
 //! `world_size`; every host must be given the same micro-batches in the same order.
 
 use std::path::Path;
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 use tch::Device;
 use tokio::sync::oneshot;
 
-use super::{data_parallel_step, StepMetrics, Trainer};
+use super::{copy_from_rank_zero, data_parallel_step, StepMetrics, Trainer};
 use crate::config::TrainConfig;
 use crate::dist::{split_by_tokens, Collective, NcclCollective, NcclUniqueId};
 use crate::error::{Error, Result};
@@ -91,7 +91,7 @@ impl RankGroup {
         for local in 0..count {
             let (ready_tx, ready_rx) = mpsc::channel::<Result<()>>();
             let load = Arc::clone(&load);
-            ranks.push(spawn_rank(first_rank + local, move || match load(local) {
+            ranks.push(spawn_rank(first_rank + local, move || match load(local).and_then(same_weights_as_rank_zero) {
                 Ok(replica) => {
                     let _ = ready_tx.send(Ok(()));
                     Some(replica)
@@ -114,18 +114,18 @@ impl RankGroup {
     /// [`crate::dist::local_group`] for CPU tests); replica `i` must hold rank `i`.
     pub fn from_replicas(replicas: Vec<RankReplica>) -> Result<RankGroup> {
         let world_size = replicas.len();
-        let mut ranks = Vec::with_capacity(world_size);
-        for (rank, replica) in replicas.into_iter().enumerate() {
-            if replica.collective.rank() != rank || replica.collective.world_size() != world_size {
-                return Err(Error::Collective(format!(
-                    "replica {rank} holds rank {} of {}, expected rank {rank} of {world_size}",
-                    replica.collective.rank(),
-                    replica.collective.world_size()
-                )));
+        for (rank, replica) in replicas.iter().enumerate() {
+            let (held, of) = (replica.collective.rank(), replica.collective.world_size());
+            if (held, of) != (rank, world_size) {
+                let message = format!("replica {rank} holds rank {held} of {of}, expected rank {rank} of {world_size}");
+                return Err(Error::Collective(message));
             }
-            ranks.push(spawn_rank(rank, move || Some(replica))?);
         }
-        Ok(RankGroup { ranks, first_rank: 0, world_size })
+        let slots = Mutex::new(replicas.into_iter().map(Some).collect::<Vec<_>>());
+        Self::start(world_size, 0, world_size, move |rank| {
+            let taken = slots.lock().ok().and_then(|mut slots| slots[rank].take());
+            taken.ok_or_else(|| rank_gone(rank))
+        })
     }
 
     /// Number of ranks in the whole group (all hosts).
@@ -242,6 +242,13 @@ impl Drop for RankThread {
             let _ = thread.join();
         }
     }
+}
+
+/// Replicas load independently (LoRA A is drawn at random): every rank takes rank 0's
+/// trainable weights before the first step.
+fn same_weights_as_rank_zero(replica: RankReplica) -> Result<RankReplica> {
+    copy_from_rank_zero(replica.collective.as_ref(), &replica.policy.trainable_variables())?;
+    Ok(replica)
 }
 
 fn rank_gone(rank: usize) -> Error {
