@@ -9,6 +9,7 @@ pub mod commit_lock;
 pub mod databases;
 pub mod groups;
 pub mod models;
+pub mod rendezvous;
 pub mod sqlstate;
 pub mod steps;
 pub mod workers;
@@ -23,6 +24,10 @@ pub use claims::{
 };
 pub use groups::{count_pending, group_status, has_pending, queue_counts, submit_group, GroupStatus, NewGroup, QueueCounts};
 pub use models::{create_model, get_model, list_models, Model, NewModel};
+pub use rendezvous::{
+    get_rendezvous, join_rendezvous, publish_unique_id, wait_for_unique_id, PublishParams, Rendezvous,
+    DEFAULT_RENDEZVOUS_TTL, RENDEZVOUS_POLL_INTERVAL,
+};
 pub use steps::{
     commit_step, deleted_checkpoint_steps, latest_checkpoint, list_steps, mark_checkpoints_deleted, CheckpointRecord,
     StepRecord,
