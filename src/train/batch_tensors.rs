@@ -46,16 +46,10 @@ pub fn to_tensors(batch: &MicroBatch, device: Device) -> Result<MicroBatchTensor
     if lengths.iter().any(|&n| n != expected) {
         return Err(Error::Tokenize(format!("micro-batch of {}x{} has field lengths {lengths:?}", batch.rows, batch.cols)));
     }
-    // On CUDA: pinned host memory and a non-blocking copy, so the host does not wait for the
-    // GPU to drain its queue before each micro-batch.
-    let to = |t: Tensor| {
-        let t = t.reshape(shape);
-        if device.is_cuda() {
-            t.pin_memory(device).to_device_(device, t.kind(), true, false)
-        } else {
-            t
-        }
-    };
+    // A plain copy: tch 0.24's `pin_memory` always passes the device argument that torch 2.11
+    // deprecates, and torch then prints a warning on every call (seen on the H200); the batch
+    // is a few hundred KB of ids, so the pinned, non-blocking copy gained little.
+    let to = |t: Tensor| t.reshape(shape).to_device(device);
     Ok(MicroBatchTensors {
         input_ids: to(Tensor::from_slice(&batch.input_ids)),
         position_ids: to(Tensor::from_slice(&batch.position_ids)),
