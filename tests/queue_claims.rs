@@ -188,6 +188,21 @@ async fn released_groups_return_to_pending_until_max_attempts() {
     }
 }
 
+#[tokio::test]
+async fn unclaimed_groups_return_to_pending_without_counting_an_attempt_and_only_for_their_token() {
+    let db = TestDb::new().await;
+    db.create_model("m1").await;
+    insert_groups(&db.pool, "m1", 1).await;
+    for _ in 0..5 {
+        let claim = db::claim_groups(&db.pool, &params("m1", "w", 1)).await.unwrap();
+        let ids = [claim.groups[0].id];
+        let stranger = db::unclaim_groups(&db.pool, Uuid::now_v7(), &ids).await;
+        assert!(matches!(stranger, Err(Error::LostClaim { .. })), "{stranger:?}");
+        db::unclaim_groups(&db.pool, claim.token, &ids).await.unwrap();
+        assert_eq!(state_of(&db, ids[0]).await, ("pending".to_string(), 0, None));
+    }
+}
+
 fn step_record(model: &str, step: i64, worker: &str, claimed: usize) -> StepRecord {
     StepRecord {
         model: model.into(),

@@ -198,6 +198,18 @@ pub async fn fail_groups(pool: &PgPool, token: Uuid, ids: &[Uuid], error: &str) 
     execute_fenced(query, pool, pool, ids, format!("fail {} group(s) of claim {token}", ids.len())).await
 }
 
+/// Returns groups to `pending` without counting an attempt, fenced on `token`: for a clean
+/// shutdown, where the worker gives up a step it could still have finished.
+pub async fn unclaim_groups(pool: &PgPool, token: Uuid, ids: &[Uuid]) -> Result<()> {
+    let sql = fenced(
+        "UPDATE trainq.groups SET state = 'pending', claim_token = NULL, lease_expires_at = NULL \
+         WHERE id = ANY($2) AND claim_token = $1 AND state = 'claimed'",
+        "$3::bigint",
+    );
+    let query = sqlx::query(&sql).bind(token).bind(ids).bind(ids.len() as i64);
+    execute_fenced(query, pool, pool, ids, format!("unclaim {} group(s) of claim {token}", ids.len())).await
+}
+
 /// Gives groups back after an error, fenced on `token`: attempts + 1, then `pending` again, or
 /// `failed` once attempts reach the model's `queue.max_attempts`; `error` is kept either way.
 pub async fn release_groups(pool: &PgPool, token: Uuid, ids: &[Uuid], error: &str) -> Result<()> {

@@ -19,7 +19,8 @@ use sqlx::PgPool;
 use crate::error::Result;
 
 pub use claims::{
-    claim_groups, extend_lease, fail_groups, release_groups, rescue_expired, skip_groups, Claim, ClaimParams,
+    claim_groups, extend_lease, fail_groups, release_groups, rescue_expired, skip_groups, unclaim_groups, Claim,
+    ClaimParams,
     ClaimedGroup, RescueReport,
 };
 pub use groups::{count_pending, group_status, has_pending, queue_counts, submit_group, GroupStatus, NewGroup, QueueCounts};

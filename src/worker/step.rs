@@ -18,7 +18,7 @@ use super::record::summarize_trained;
 use crate::checkpoint::{upload_checkpoint, Store, UploadOptions, UploadedCheckpoint};
 use crate::config::TrainConfig;
 use crate::db::commit_lock::{lock_commits, CommitLock};
-use crate::db::claims::{claim_groups, release_groups, skip_groups, Claim, ClaimParams};
+use crate::db::claims::{claim_groups, release_groups, unclaim_groups, skip_groups, Claim, ClaimParams};
 use crate::db::steps::{commit_step, CheckpointRecord, StepRecord};
 use crate::error::{Error, Result};
 use crate::queue::spawn_lease_heartbeat;
@@ -219,7 +219,13 @@ async fn abandon(ctx: &StepContext<'_>, claim: &Claim, err: Error) -> Result<Ste
     let reason = err.to_string();
     tracing::warn!(model = %ctx.opts.model, "step abandoned: {reason}");
     let ids: Vec<_> = claim.groups.iter().map(|g| g.id).collect();
-    match release_groups(ctx.pool, claim.token, &ids, &reason).await {
+    // A shutdown is not the groups' fault: give them back without counting an attempt.
+    let released = if ctx.cancel.is_cancelled() {
+        unclaim_groups(ctx.pool, claim.token, &ids).await
+    } else {
+        release_groups(ctx.pool, claim.token, &ids, &reason).await
+    };
+    match released {
         Ok(()) | Err(Error::LostClaim { .. }) => {}
         Err(e) => tracing::warn!("could not release claim {}: {e} (the rescuer will)", claim.token),
     }
