@@ -95,7 +95,7 @@ async fn prepare_and_train(
 ) -> Result<StepOutcome> {
     let clock = Instant::now();
     let (groups, cfg, tokenizer) = (claim.groups.clone(), ctx.cfg.clone(), ctx.tokenizer.clone());
-    let prepared = tokio::task::spawn_blocking(move || prepare_step(&groups, &cfg, current_step, &tokenizer))
+    let mut prepared = tokio::task::spawn_blocking(move || prepare_step(&groups, &cfg, current_step, &tokenizer))
         .await
         .map_err(|e| Error::Engine(format!("tokenizer task: {e}")))??;
     let prepare_s = clock.elapsed().as_secs_f64();
@@ -113,7 +113,7 @@ async fn prepare_and_train(
 
     super::fault_hook::pause_if_requested("train", current_step + 1).await;
     let clock = Instant::now();
-    let metrics = ctx.engine.train(prepared.batches.clone()).await?;
+    let metrics = ctx.engine.train(std::mem::take(&mut prepared.batches)).await?;
     let train_s = clock.elapsed().as_secs_f64();
     ensure_running(ctx)?;
 
@@ -180,7 +180,12 @@ async fn upload_and_commit(
         .await?;
     let mut record = record;
     record.timings["commit"] = json!(clock.elapsed().as_secs_f64());
-    ctx.committed_dir = Some(staged);
+    // The new checkpoint is what a restore goes back to; the previous staged one is not needed.
+    if let Some(previous) = ctx.committed_dir.replace(staged) {
+        if previous.starts_with(ctx.opts.work_dir.join("staging")) {
+            let _ = std::fs::remove_dir_all(previous);
+        }
+    }
     Ok(StepOutcome::Committed(Box::new(record)))
 }
 
