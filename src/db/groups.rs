@@ -33,14 +33,18 @@ fn empty_object() -> serde_json::Value {
 /// Submits one group through `trainq.submit_group` and returns its id. Bad input fails with the
 /// database's `TQ…` SQLSTATE and message (see [`super::sqlstate`]).
 pub async fn submit_group(pool: &PgPool, group: &NewGroup) -> Result<Uuid> {
+    submit_on(pool, group).await.map_err(Error::db(format!("submit group to model {:?}", group.model)))
+}
+
+/// `trainq.submit_group` for one group on any executor (a pool or an open transaction).
+async fn submit_on<'e>(executor: impl sqlx::PgExecutor<'e>, group: &NewGroup) -> sqlx::Result<Uuid> {
     sqlx::query_scalar("SELECT trainq.submit_group($1, $2, $3, $4)")
         .bind(&group.model)
         .bind(&group.trajectories)
         .bind(group.policy_version)
         .bind(&group.metadata)
-        .fetch_one(pool)
+        .fetch_one(executor)
         .await
-        .map_err(Error::db(format!("submit group to model {:?}", group.model)))
 }
 
 /// Submits several groups in one transaction: all become visible to workers at once (or none
@@ -49,12 +53,7 @@ pub async fn submit_groups(pool: &PgPool, groups: &[NewGroup]) -> Result<Vec<Uui
     let mut tx = pool.begin().await.map_err(Error::db("begin submit"))?;
     let mut ids = Vec::with_capacity(groups.len());
     for group in groups {
-        let id = sqlx::query_scalar("SELECT trainq.submit_group($1, $2, $3, $4)")
-            .bind(&group.model)
-            .bind(&group.trajectories)
-            .bind(group.policy_version)
-            .bind(&group.metadata)
-            .fetch_one(&mut *tx)
+        let id = submit_on(&mut *tx, group)
             .await
             .map_err(Error::db(format!("submit group {} to model {:?}", ids.len(), group.model)))?;
         ids.push(id);
