@@ -5,6 +5,8 @@
 #   then, through the device tool's `run` with carry [".carry"]:
 #   bash ops/gpu.sh bench     # there: trainq's benchmark and the HF+PEFT peer, same shapes, one call
 #   bash ops/gpu.sh check     # there: bf16-on-CUDA vs f32-on-CPU agreement and a smoke step
+#   bash ops/gpu.sh profile [ARGS]  # there: one step of `trainq bench train ARGS` under Nsight
+#                             # Compute (kernel durations only), summed by kernel family and name
 #
 # Results are JSON lines under $OUT (trainq.jsonl, peer.jsonl) plus a printed ratio table.
 set -euo pipefail
@@ -47,8 +49,16 @@ case "${1:-}" in
     shift
     ./.carry/trainq bench check "$@" | tee "$OUT/check.jsonl"
     ;;
+  profile)
+    device_env
+    shift
+    ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+    "$ncu" --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+      --log-file "$OUT/ncu.csv" ./.carry/trainq bench train --skip-peak --warmup 0 --steps 1 "$@" >/dev/null
+    "$gpu_python" ops/bench/ncu_summary.py "$OUT/ncu.csv" 30 | tee "$OUT/profile.md"
+    ;;
   *)
-    echo "usage: ops/gpu.sh build | bench [ARGS] | check [ARGS]" >&2
+    echo "usage: ops/gpu.sh build | bench [ARGS] | check [ARGS] | profile [ARGS]" >&2
     exit 2
     ;;
 esac

@@ -86,9 +86,9 @@ impl Linear {
         let name = path.components().last().unwrap_or_default().to_string();
         let lora = match lora {
             Some(spec) if spec.targets.contains(&name) => {
-                let bound = 1.0 / (in_dim as f64).sqrt();
                 let options = (init.kind, path.device());
-                let a = Tensor::f_rand([spec.rank, in_dim], options)?.f_mul_scalar(2.0 * bound)?.f_sub_scalar(bound)?;
+                let name = format!("{}.lora_A.weight", path.components().collect::<Vec<_>>().join("."));
+                let a = lora_a_init(&name, spec.rank, in_dim)?.f_to_device_(options.1, options.0, false, false)?;
                 let b = Tensor::f_zeros([out_dim, spec.rank], options)?;
                 Some(LoraAdapter {
                     lora_a: (&path / "lora_A").add("weight", a, true),
@@ -107,16 +107,39 @@ impl Linear {
         let y = x.f_linear(&self.weight, self.bias.as_ref())?;
         match &self.lora {
             Some(l) if l.enabled.load(Ordering::Relaxed) => {
-                // (…, in) -> (…, r), scaled there where it is cheapest, -> (…, out)
+                // (…, in) -> (…, r), scaled there where it is cheapest; then y + low_rank · Bᵀ
+                // in one GEMM whose epilogue adds y (no separate (…, out) sum to write and read)
                 let low_rank = x.f_linear::<Tensor>(&l.lora_a, None)?.f_mul_scalar(l.scale)?;
-                y.f_add(&low_rank.f_linear::<Tensor>(&l.lora_b, None)?)
+                let (out_dim, rank) = (l.lora_b.size()[0], l.lora_b.size()[1]);
+                let flat = y.f_reshape([-1, out_dim])?.f_addmm(&low_rank.f_reshape([-1, rank])?, &l.lora_b.f_transpose(0, 1)?)?;
+                flat.f_view(y.size().as_slice())
             }
             _ => Ok(y),
         }
     }
 }
 
-/// RMSNorm as HF computes it: in f32, then cast back and scaled by `weight`.
+/// PEFT's init of `lora_A` (r, in), kaiming-uniform: U(−1/√in, 1/√in), f32 on the CPU. The
+/// numbers come from a generator seeded by the variable's name, not from libtorch's global one,
+/// so every data-parallel replica and every run starts from the same adapters.
+fn lora_a_init(name: &str, rank: i64, in_dim: i64) -> TchResult<Tensor> {
+    // FNV-1a of the name seeds SplitMix64; the top 24 bits of each draw give a uniform in [0, 1).
+    let mut state = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let bound = 1.0 / (in_dim as f64).sqrt();
+    let values: Vec<f32> = (0..rank * in_dim)
+        .map(|_| {
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            let unit = ((z ^ (z >> 31)) >> 40) as f64 / (1u64 << 24) as f64;
+            ((2.0 * unit - 1.0) * bound) as f32
+        })
+        .collect();
+    Tensor::f_from_slice(&values)?.f_view([rank, in_dim])
+}
+
+/// RMSNorm: `weight · x / sqrt(mean(x²) + eps)`, statistics in f32 as HF computes them.
 #[derive(Debug)]
 pub(crate) struct RmsNorm {
     pub(crate) weight: Tensor,
@@ -129,13 +152,14 @@ impl RmsNorm {
         Ok(Self { weight: init.weight(&path, "weight", &[dim], true)?, eps })
     }
 
-    /// Normalizes over the last dimension.
+    /// Normalizes over the last dimension. On CUDA this is libtorch's fused kernel (one pass
+    /// forward, one backward, f32 accumulation, no f32 copies of `x` kept for backward); elsewhere
+    /// its composite of the same formula. HF rounds the normalized value to the input dtype
+    /// before scaling by `weight`; the fused kernel rounds once at the end (equal in f32, within
+    /// one bf16 rounding in bf16).
     pub(crate) fn forward(&self, x: &Tensor) -> TchResult<Tensor> {
-        let kind = x.kind();
-        let x32 = x.f_to_kind(Kind::Float)?;
-        let variance = x32.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, Kind::Float)?;
-        let normed = x32.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?;
-        self.weight.f_mul(&normed.f_to_kind(kind)?)
+        let width = self.weight.size()[0];
+        Ok(x.f_internal_fused_rms_norm([width], Some(&self.weight), self.eps)?.0)
     }
 }
 
@@ -163,22 +187,60 @@ impl RotaryEmbedding {
         Ok(Self { inv_freq })
     }
 
-    /// cos and sin of shape (B, 1, L, head_dim) in `kind`, for `position_ids` (B, L).
-    pub(crate) fn cos_sin(&self, position_ids: &Tensor, kind: Kind) -> TchResult<(Tensor, Tensor)> {
-        // (B, L, 1) * (D/2) -> (B, L, D/2)
+    /// The tables of one forward pass over `position_ids` (B, L), in `kind`, for attention with
+    /// `heads` query heads and `kv_heads` key heads.
+    pub(crate) fn tables(&self, position_ids: &Tensor, kind: Kind, heads: i64, kv_heads: i64) -> TchResult<RopeTables> {
+        // (B, L, 1) * (D/2) -> (B, L, D/2) -> (B, L, 1, D)
         let freqs = position_ids.f_to_kind(Kind::Float)?.f_unsqueeze(-1)?.f_mul(&self.inv_freq)?;
-        let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?.f_unsqueeze(1)?;
-        Ok((emb.f_cos()?.f_to_kind(kind)?, emb.f_sin()?.f_to_kind(kind)?))
+        let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?.f_unsqueeze(2)?;
+        let (cos, sin) = (emb.f_cos()?.f_to_kind(kind)?, emb.f_sin()?.f_to_kind(kind)?);
+        let mut per_head_count = Vec::new();
+        for n in [heads, kv_heads] {
+            if per_head_count.iter().all(|(m, _, _)| *m != n) {
+                let (b, l, d) = (cos.size()[0], cos.size()[1], cos.size()[3]);
+                let expand = |t: &Tensor| t.f_expand([b, l, n, d], false)?.f_contiguous();
+                per_head_count.push((n, expand(&cos)?, expand(&sin)?));
+            }
+        }
+        let rotate = rotate_half_matrix(self.inv_freq.size()[0] * 2, kind, position_ids.device())?;
+        Ok(RopeTables { per_head_count, rotate })
     }
 }
 
-/// `x * cos + rotate_half(x) * sin` for x (B, H, L, D).
-pub(crate) fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> TchResult<Tensor> {
-    let half = x.size()[3] / 2;
-    let x1 = x.f_narrow(3, 0, half)?;
-    let x2 = x.f_narrow(3, half, half)?;
-    let rotated = Tensor::f_cat(&[&x2.f_neg()?, &x1], 3)?;
-    x.f_mul(cos)?.f_add(&rotated.f_mul(sin)?)
+/// cos and sin of one forward pass laid out as (B, L, heads, D), one pair per head count (query
+/// and key heads), materialized so that every product below is one contiguous, vectorized pass;
+/// and `rotate`, the (D, D) signed permutation with `x · rotate = rotate_half(x)`.
+#[derive(Debug)]
+pub(crate) struct RopeTables {
+    per_head_count: Vec<(i64, Tensor, Tensor)>,
+    rotate: Tensor,
+}
+
+impl RopeTables {
+    /// HF's `x * cos + rotate_half(x) * sin` for x (B, L, heads, D) contiguous. `rotate_half`
+    /// (−x₂, x₁) is a small GEMM with an exact ±1 permutation (one term per output), which reads
+    /// `x` once and needs no contiguous copy, unlike `cat`/`narrow` or `roll`; its backward is
+    /// the transposed GEMM.
+    pub(crate) fn apply(&self, x: &Tensor) -> TchResult<Tensor> {
+        let heads = x.size()[2];
+        let (_, cos, sin) = self
+            .per_head_count
+            .iter()
+            .find(|(n, _, _)| *n == heads)
+            .ok_or_else(|| TchError::Shape(format!("no rotary table for {heads} heads")))?;
+        x.f_mul(cos)?.f_addcmul(&x.f_matmul(&self.rotate)?, sin)
+    }
+}
+
+/// (D, D) with `x · R = (−x[D/2..], x[..D/2])`.
+fn rotate_half_matrix(dim: i64, kind: Kind, device: Device) -> TchResult<Tensor> {
+    let half = dim / 2;
+    let mut values = vec![0f32; (dim * dim) as usize];
+    for j in 0..half {
+        values[((j + half) * dim + j) as usize] = -1.0; // out[j] = −x[j + D/2]
+        values[(j * dim + j + half) as usize] = 1.0; // out[j + D/2] = x[j]
+    }
+    Tensor::f_from_slice(&values)?.f_view([dim, dim])?.f_to_device_(device, kind, false, false)
 }
 
 /// transformers' `_compute_llama3_parameters`, on f32 tensors.

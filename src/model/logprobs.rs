@@ -2,11 +2,15 @@
 //! `[tokens, vocab]` logits never exist in f32 all at once — not in the forward pass, and (while
 //! `lm_head` is frozen, as with LoRA) not kept for the backward pass either.
 //!
-//! With a frozen `lm_head` W, `d log p(y | h) / d h = Wᵀ (onehot(y) − softmax(W h))`, which is
-//! computed per chunk without autograd and attached to `h` through the surrogate
-//! `lp + ⟨h, g⟩ − stop_grad(⟨h, g⟩)`: its value is `lp`, its gradient with respect to `h` is `g`.
-//! Only `g` (tokens × hidden) is kept. When `lm_head` trains (full fine-tune), each chunk goes
-//! through plain autograd instead.
+//! With a frozen `lm_head` W, `d log p(y | h) / d h = Wᵀ (onehot(y) − softmax(W h))
+//! = W[y] − Wᵀ softmax(W h)`, which is computed per chunk without autograd and attached to `h`
+//! through the surrogate `lp + ⟨h, g⟩ − stop_grad(⟨h, g⟩)`: its value is `lp`, its gradient with
+//! respect to `h` is `g`. Only `g` (tokens × hidden) is kept. When `lm_head` trains (full
+//! fine-tune), each chunk goes through plain autograd instead.
+//!
+//! Per chunk the (C, vocab) work is three passes: the logits GEMM in the model dtype, one fused
+//! `log_softmax` to f32 (the log-probs are read from it), and one fused `softmax` in the model
+//! dtype feeding the gradient GEMM — no f32 copy of the logits, no separate max/exp/sum/sub.
 
 use tch::{Kind, Tensor};
 
@@ -42,7 +46,7 @@ pub(crate) fn chunked_logprobs(hidden: &Tensor, lm_head: &Tensor, targets: &Tens
     if manual_grad {
         // (N, H) · (N, H) -> (N,): value 0, gradient g with respect to hidden
         let g = Tensor::f_cat(&grads, 0)?;
-        let surrogate = hidden.f_to_kind(Kind::Float)?.f_mul(&g.f_to_kind(Kind::Float)?)?.f_sum_dim_intlist(-1, false, Kind::Float)?;
+        let surrogate = hidden.f_mul(&g)?.f_sum_dim_intlist(-1, false, Kind::Float)?;
         lp = lp.f_add(&surrogate.f_sub(&surrogate.f_detach()?)?)?;
     }
     lp.f_mul(&valid.f_to_kind(Kind::Float)?)
@@ -50,25 +54,19 @@ pub(crate) fn chunked_logprobs(hidden: &Tensor, lm_head: &Tensor, targets: &Tens
 
 /// (C, H), (V, H), (C,) -> (C,) f32 log-probs, differentiable by autograd.
 fn logprobs_of_chunk(h: &Tensor, lm_head: &Tensor, targets: &Tensor) -> TchResult<Tensor> {
-    // (C, H) -> (C, V) in f32
-    let logits = h.f_linear::<Tensor>(lm_head, None)?.f_to_kind(Kind::Float)?;
-    let picked = logits.f_gather(-1, &targets.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
-    picked.f_sub(&logits.f_logsumexp(-1, false)?)
+    // (C, H) -> (C, V) in the model dtype -> log-softmax in f32 (one fused kernel each way)
+    let log_probs = h.f_linear::<Tensor>(lm_head, None)?.f_log_softmax(-1, Kind::Float)?;
+    log_probs.f_gather(-1, &targets.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)
 }
 
-/// Log-probs (C,) f32 and their gradient with respect to `h`, `(onehot − softmax) W` (C, H),
-/// for one chunk; no autograd graph.
+/// Log-probs (C,) f32 and their gradient with respect to `h`, `W[y] − softmax(W h) W` (C, H), for
+/// one chunk; no autograd graph.
 fn logprobs_and_hidden_grad(h: &Tensor, lm_head: &Tensor, targets: &Tensor) -> TchResult<(Tensor, Tensor)> {
-    let logits = h.f_linear::<Tensor>(lm_head, None)?.f_to_kind(Kind::Float)?;
-    let lse = logits.f_logsumexp(-1, true)?;
-    let index = targets.f_unsqueeze(-1)?;
-    let lp = logits.f_gather(-1, &index, false)?.f_sub(&lse)?.f_squeeze_dim(-1)?;
-    // onehot(y) − softmax: (C, V)
-    let probs = logits.f_sub(&lse)?.f_exp()?;
-    let ones = Tensor::f_ones(index.size(), (Kind::Float, h.device()))?;
-    let dlogits = probs.f_neg()?.f_scatter_add(-1, &index, &ones)?;
-    // (C, V) @ (V, H) -> (C, H)
-    let g = dlogits.f_to_kind(lm_head.kind())?.f_matmul(lm_head)?;
+    let logits = h.f_linear::<Tensor>(lm_head, None)?;
+    let lp = logits.f_log_softmax(-1, Kind::Float)?.f_gather(-1, &targets.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
+    // (C, V) @ (V, H) -> (C, H), subtracted from the targets' rows of W
+    let expected = logits.f_softmax(-1, logits.kind())?.f_matmul(lm_head)?;
+    let g = Tensor::f_embedding(lm_head, targets, -1, false, false)?.f_sub(&expected)?;
     Ok((lp, g))
 }
 

@@ -4,7 +4,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::hf_config::{Architecture, HfConfig};
-use super::layers::{apply_rotary, Init, Linear, LoraSpec, RmsNorm, RotaryEmbedding, TchResult};
+use super::layers::{Init, Linear, LoraSpec, RmsNorm, RopeTables, RotaryEmbedding, TchResult};
 
 /// `self_attn`: GQA with RoPE, per-head q/k RMSNorm on Qwen3.
 #[derive(Debug)]
@@ -42,20 +42,20 @@ impl Attention {
 
     /// (B, L, hidden) -> (B, L, hidden); `mask` (B, 1, L, L) bool, true = may attend, or `None`
     /// for plain causal attention.
-    fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> TchResult<Tensor> {
+    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> TchResult<Tensor> {
         let (b, l) = (x.size()[0], x.size()[1]);
+        // (B, L, n*D) -> (B, L, n, D), normed per head and rotated in this layout (contiguous),
+        // then seen as (B, n, L, D) for attention.
         let heads = |proj: &Linear, n: i64, norm: &Option<RmsNorm>| -> TchResult<Tensor> {
-            // (B, L, n*D) -> (B, L, n, D), normed per head, -> (B, n, L, D)
             let t = proj.forward(x)?.f_view([b, l, n, self.head_dim])?;
-            let t = match norm {
-                Some(norm) => norm.forward(&t)?,
-                None => t,
-            };
-            t.f_transpose(1, 2)
+            match norm {
+                Some(norm) => norm.forward(&t),
+                None => Ok(t),
+            }
         };
-        let q = apply_rotary(&heads(&self.q_proj, self.num_heads, &self.q_norm)?, cos, sin)?;
-        let k = apply_rotary(&heads(&self.k_proj, self.num_kv_heads, &self.k_norm)?, cos, sin)?;
-        let v = heads(&self.v_proj, self.num_kv_heads, &None)?;
+        let q = rope.apply(&heads(&self.q_proj, self.num_heads, &self.q_norm)?)?.f_transpose(1, 2)?;
+        let k = rope.apply(&heads(&self.k_proj, self.num_kv_heads, &self.k_norm)?)?.f_transpose(1, 2)?;
+        let v = heads(&self.v_proj, self.num_kv_heads, &None)?.f_transpose(1, 2)?;
         let gqa = self.num_heads != self.num_kv_heads;
         // With a mask, CUDA's memory-efficient kernel takes no GQA: repeat k/v to every head
         // (B, KV, L, D) -> (B, H, L, D); without one, flash attention handles GQA itself.
@@ -117,8 +117,8 @@ impl DecoderLayer {
         })
     }
 
-    pub(super) fn forward(&self, x: &Tensor, cos: &Tensor, sin: &Tensor, mask: Option<&Tensor>) -> TchResult<Tensor> {
-        let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, cos, sin, mask)?)?;
+    pub(super) fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> TchResult<Tensor> {
+        let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, mask)?)?;
         x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
     }
 }
@@ -157,12 +157,20 @@ impl CausalLm {
     /// holds a second document when the caller knows (saves a device→host sync), else `None`.
     pub(crate) fn hidden_states(&self, input_ids: &Tensor, position_ids: &Tensor, packed: Option<bool>) -> TchResult<Tensor> {
         let mut x = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
-        let (cos, sin) = self.rotary.cos_sin(position_ids, x.kind())?;
+        let rope = self.rope_tables(position_ids, x.kind())?;
         let mask = document_mask(position_ids, packed)?;
         for layer in &self.layers {
-            x = layer.forward(&x, &cos, &sin, mask.as_ref())?;
+            x = layer.forward(&x, &rope, mask.as_ref())?;
         }
         self.norm.forward(&x)
+    }
+}
+
+impl CausalLm {
+    /// The rotary tables of a forward pass over `position_ids`, for this model's head counts.
+    pub(super) fn rope_tables(&self, position_ids: &Tensor, kind: Kind) -> TchResult<RopeTables> {
+        let (heads, kv_heads) = self.layers.first().map_or((1, 1), |l| (l.self_attn.num_heads, l.self_attn.num_kv_heads));
+        self.rotary.tables(position_ids, kind, heads, kv_heads)
     }
 }
 

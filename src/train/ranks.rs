@@ -35,7 +35,7 @@ pub struct RankReplica {
 }
 
 /// Work run on a rank's thread with its replica.
-type RankWork = Box<dyn FnOnce(&mut Policy, &mut Trainer) + Send>;
+type RankWork = Box<dyn FnOnce(&mut RankReplica) + Send>;
 
 enum RankJob {
     Train(Vec<MicroBatch>, oneshot::Sender<Result<StepMetrics>>),
@@ -171,8 +171,8 @@ impl RankGroup {
         work: impl FnOnce(&mut Policy, &mut Trainer) -> Result<T> + Send + 'static,
     ) -> Result<T> {
         let (reply, answer) = oneshot::channel();
-        self.send(0, RankJob::Run(Box::new(move |policy, trainer| {
-            let _ = reply.send(work(policy, trainer));
+        self.send(0, RankJob::Run(Box::new(move |replica: &mut RankReplica| {
+            let _ = reply.send(work(&mut replica.policy, &mut replica.trainer));
         })))?;
         answer.await.map_err(|_| rank_gone(self.first_rank))?
     }
@@ -191,20 +191,33 @@ impl RankGroup {
         &self,
         work: impl Fn(usize, &mut Policy, &mut Trainer) -> Result<()> + Send + Sync + 'static,
     ) -> Result<()> {
+        self.run_on_every_replica(move |rank, replica| work(rank, &mut replica.policy, &mut replica.trainer)).await
+    }
+
+    /// Runs `work(rank, replica)` on every local rank at once, with the rank's collective too
+    /// (work that reduces across ranks, such as [`RankReplica::take_rank_zero_weights`] after
+    /// reloading every replica); waits for all of them and returns the first error.
+    pub async fn run_on_every_replica(
+        &self,
+        work: impl Fn(usize, &mut RankReplica) -> Result<()> + Send + Sync + 'static,
+    ) -> Result<()> {
         let work = Arc::new(work);
         let mut replies = Vec::with_capacity(self.ranks.len());
         for local in 0..self.ranks.len() {
             let (reply, answer) = oneshot::channel();
             let (work, rank) = (Arc::clone(&work), self.first_rank + local);
-            self.send(local, RankJob::Run(Box::new(move |policy, trainer| {
-                let _ = reply.send(work(rank, policy, trainer));
+            self.send(local, RankJob::Run(Box::new(move |replica: &mut RankReplica| {
+                let _ = reply.send(work(rank, replica));
             })))?;
             replies.push(answer);
         }
+        let mut first_error = None;
         for (local, answer) in replies.into_iter().enumerate() {
-            answer.await.map_err(|_| rank_gone(self.first_rank + local))??;
+            if let Err(err) = answer.await.map_err(|_| rank_gone(self.first_rank + local)).and_then(|r| r) {
+                first_error.get_or_insert(err);
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     fn send(&self, local: usize, job: RankJob) -> Result<()> {
@@ -227,7 +240,7 @@ fn spawn_rank(rank: usize, load: impl FnOnce() -> Option<RankReplica> + Send + '
                         let RankReplica { policy, trainer, collective } = &mut replica;
                         let _ = reply.send(data_parallel_step(collective.as_ref(), trainer, policy, &batches));
                     }
-                    RankJob::Run(work) => work(&mut replica.policy, &mut replica.trainer),
+                    RankJob::Run(work) => work(&mut replica),
                 }
             }
         })
@@ -244,10 +257,17 @@ impl Drop for RankThread {
     }
 }
 
-/// Replicas load independently (LoRA A is drawn at random): every rank takes rank 0's
-/// trainable weights before the first step.
+impl RankReplica {
+    /// Overwrites this replica's trainable weights with rank 0's (every rank must call it at
+    /// once: it is an all-reduce). Every rank does this before its first step, so replicas are
+    /// equal whatever their loaders did.
+    pub fn take_rank_zero_weights(&self) -> Result<()> {
+        copy_from_rank_zero(self.collective.as_ref(), &self.policy.trainable_variables())
+    }
+}
+
 fn same_weights_as_rank_zero(replica: RankReplica) -> Result<RankReplica> {
-    copy_from_rank_zero(replica.collective.as_ref(), &replica.policy.trainable_variables())?;
+    replica.take_rank_zero_weights()?;
     Ok(replica)
 }
 

@@ -1,4 +1,4 @@
-//! The training engine on its own OS thread: it owns the policy, the optimizer and the device,
+//! The single-device training engine on its own OS thread: it owns the policy, the optimizer and the device,
 //! and answers jobs over a channel, so the async runtime (heartbeats, LISTEN) keeps running
 //! while a step trains.
 
@@ -25,7 +25,7 @@ enum Job {
 }
 
 /// Handle to the engine thread; dropping it stops the thread after its current job.
-pub(crate) struct EngineHandle {
+pub(crate) struct ThreadEngine {
     jobs: Option<mpsc::Sender<Job>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -69,7 +69,7 @@ impl Engine {
     }
 }
 
-impl EngineHandle {
+impl ThreadEngine {
     /// Starts the thread and loads the base model from `base_dir` onto `device`, then the
     /// checkpoint in `resume_from` when given. Returns once the model is ready.
     pub(crate) async fn start(
@@ -77,7 +77,7 @@ impl EngineHandle {
         cfg: &TrainConfig,
         device: Device,
         resume_from: Option<&Path>,
-    ) -> Result<EngineHandle> {
+    ) -> Result<ThreadEngine> {
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (ready_tx, ready_rx) = oneshot::channel::<Result<()>>();
         let (base_dir, cfg, resume) = (base_dir.to_path_buf(), cfg.clone(), resume_from.map(Path::to_path_buf));
@@ -105,7 +105,7 @@ impl EngineHandle {
                 }
             })
             .map_err(Error::io("spawn the engine thread"))?;
-        let handle = EngineHandle { jobs: Some(jobs), thread: Some(thread) };
+        let handle = ThreadEngine { jobs: Some(jobs), thread: Some(thread) };
         ready_rx.await.map_err(|_| engine_gone())??;
         Ok(handle)
     }
@@ -133,7 +133,7 @@ impl EngineHandle {
     }
 }
 
-impl Drop for EngineHandle {
+impl Drop for ThreadEngine {
     fn drop(&mut self) {
         drop(self.jobs.take()); // closes the channel: the thread ends after its current job
         if let Some(thread) = self.thread.take() {

@@ -6,15 +6,17 @@
 //! lease, upload the checkpoint, and commit the step fenced on the claim token.
 
 mod base_model;
+mod engine;
 mod engine_thread;
 pub mod fault_hook;
 mod options;
 mod prepare;
+mod rank_engine;
 mod record;
 mod step;
 mod weights_io;
 
-pub use options::{default_worker_id, ConfigOverrides, WorkerOptions, DEFAULT_POLL_INTERVAL, DEFAULT_UPLOAD_RETRY_PAUSE};
+pub use options::{default_worker_id, ConfigOverrides, DataParallel, WorkerOptions, DEFAULT_POLL_INTERVAL, DEFAULT_UPLOAD_RETRY_PAUSE};
 pub use record::{summarize_trained, TrainedGroupsSummary};
 pub use step::StepOutcome;
 
@@ -32,7 +34,7 @@ use crate::db::workers::{heartbeat_worker, register_worker, WorkerInfo};
 use crate::error::Result;
 use crate::queue::{spawn_rescuer, GroupWaiter};
 use crate::tokenize::ChatTokenizer;
-use engine_thread::EngineHandle;
+use engine::EngineHandle;
 use step::{run_step, StepContext};
 
 /// What a worker run did, for the caller (demo, tests) and the final log line.
@@ -56,14 +58,14 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
         id: opts.worker_id.clone(),
         host: opts.worker_id.split(':').next().unwrap_or_default().to_string(),
         model: Some(opts.model.clone()),
-        devices: serde_json::json!([device_name(opts.device)]),
+        devices: serde_json::json!(opts.data_parallel.device_names(opts.device)),
     };
     register_worker(pool, &info).await?;
     let store = Store::open_with(&opts.store_url, &opts.store_options)?;
     let base_dir = base_model::resolve_base_model(&model.base, &opts.work_dir).await?;
     let tokenizer = Arc::new(ChatTokenizer::from_dir(&base_dir)?);
     let (mut engine_step, resume_dir) = stage_latest(pool, &store, opts).await?;
-    let engine = EngineHandle::start(&base_dir, &cfg, opts.device, resume_dir.as_deref()).await?;
+    let engine = EngineHandle::start(&base_dir, &cfg, opts.device, &opts.data_parallel, resume_dir.as_deref()).await?;
     tracing::info!(model = %opts.model, worker = %opts.worker_id, step = engine_step, "worker ready");
 
     let rescuer = spawn_rescuer(pool.clone(), Duration::from_secs_f64(cfg.queue.lease_seconds as f64 / 4.0), cancel.clone());

@@ -11,7 +11,7 @@ use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use super::engine_thread::EngineHandle;
+use super::engine::EngineHandle;
 use super::options::WorkerOptions;
 use super::prepare::{prepare_step, PreparedStep};
 use super::record::summarize_trained;
@@ -274,7 +274,7 @@ fn step_record(
         policy_lag_min: summary.policy_lag_min,
         policy_lag_max: summary.policy_lag_max,
         timings,
-        devices: json!([super::device_name(ctx.opts.device)]),
+        devices: json!(ctx.opts.data_parallel.device_names(ctx.opts.device)),
         checkpoint_uri: Some(uploaded.uri.clone()),
         checkpoint_sha256: Some(uploaded.manifest_sha256.clone()),
     }

@@ -40,12 +40,18 @@ pub(crate) struct TrainBenchArgs {
     /// Activation checkpointing (recompute each decoder layer in backward).
     #[arg(long)]
     ckpt: bool,
-    /// Timed steps (after 2 warm-up steps).
+    /// Timed steps (after the warm-up steps).
     #[arg(long, default_value_t = 5)]
     steps: usize,
+    /// Untimed steps first (allocator warm-up, cuBLAS heuristics); 0 for profiling one step.
+    #[arg(long, default_value_t = 2)]
+    warmup: usize,
     /// Run the peer baseline's standard table.
     #[arg(long)]
     all: bool,
+    /// Skip the bf16 matmul-peak measurement (no MFU; for profiling the step alone).
+    #[arg(long)]
+    skip_peak: bool,
     /// Device: cuda (default when available) or cpu.
     #[arg(long)]
     device: Option<String>,
@@ -91,7 +97,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<()> {
 
 fn run_train(args: TrainBenchArgs) -> Result<()> {
     let device = super::worker::parse_device(args.device.as_deref())?;
-    let peak = if device.is_cuda() { Some(matmul_peak_tflops(device)) } else { None };
+    let peak = if device.is_cuda() && !args.skip_peak { Some(matmul_peak_tflops(device)) } else { None };
     println!("{}", json!({"bf16_matmul_tflops": peak.map(|p| (p * 10.0).round() / 10.0)}));
     let plan: Vec<(String, String, i64, i64, bool)> = if args.all {
         STANDARD.iter().map(|&(s, m, q, b, c)| (s.into(), m.into(), q, b, c)).collect()
@@ -99,7 +105,7 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
         vec![(args.shape.clone(), args.mode.clone(), args.seq, args.micro, args.ckpt)]
     };
     for (shape, mode, seq, micro, ckpt) in plan {
-        let result = bench_one(&shape, &mode, seq, micro, ckpt, args.steps, device, peak);
+        let result = bench_one(&shape, &mode, seq, micro, ckpt, (args.warmup, args.steps), device, peak);
         let line = result.unwrap_or_else(|e| json!({"shape": shape, "mode": mode, "ckpt": ckpt, "error": format!("{e:#}")}));
         println!("{line}");
     }
@@ -113,7 +119,7 @@ fn bench_one(
     seq: i64,
     micro: i64,
     ckpt: bool,
-    steps: usize,
+    (warmup, steps): (usize, usize),
     device: Device,
     peak: Option<f64>,
 ) -> Result<serde_json::Value> {
@@ -130,7 +136,7 @@ fn bench_one(
         trainer.step(&mut policy, std::slice::from_ref(&batch))?;
         Ok(())
     };
-    for _ in 0..2 {
+    for _ in 0..warmup {
         run_step()?;
     }
     sync(device);

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 use trainq::checkpoint::RetentionPolicy;
-use trainq::worker::{default_worker_id, run_worker, ConfigOverrides, WorkerOptions};
+use trainq::worker::{default_worker_id, run_worker, ConfigOverrides, DataParallel, WorkerOptions};
 
 /// Settings of `trainq worker`; each flag can also come from the environment (TRAINQ_*).
 #[derive(Args, Debug)]
@@ -24,6 +24,11 @@ pub(crate) struct WorkerArgs {
     /// Training device: `cuda` (GPU 0), `cuda:N`, or `cpu`. Default: cuda when available.
     #[arg(long, env = "TRAINQ_DEVICE")]
     device: Option<String>,
+    /// Data-parallel training on this host's GPUs: `all` or a count N (the first N). Each GPU
+    /// holds a replica; each step's micro-batches are split across them and gradients summed
+    /// through NCCL. Overrides --device. Keep NCCL_NVLS_ENABLE=0 set on shared NVLink hosts.
+    #[arg(long, env = "TRAINQ_GPUS")]
+    gpus: Option<String>,
     /// Accept groups sampled from older checkpoints, up to --max-staleness steps old.
     #[arg(long, env = "TRAINQ_ASYNC_WEIGHT_SYNCING")]
     async_weight_syncing: Option<Option<bool>>,
@@ -61,6 +66,7 @@ pub(crate) struct WorkerArgs {
 #[serde(deny_unknown_fields)]
 struct WorkerFile {
     device: Option<String>,
+    gpus: Option<String>,
     async_weight_syncing: Option<bool>,
     max_staleness: Option<i64>,
     groups_per_step: Option<usize>,
@@ -92,6 +98,13 @@ pub(crate) fn run(args: WorkerArgs) -> Result<()> {
     };
     let device = parse_device(args.device.as_deref().or(file.device.as_deref()))?;
     let mut opts = WorkerOptions::new(&args.model, &args.store, device);
+    if let Some(gpus) = args.gpus.as_deref().or(file.gpus.as_deref()) {
+        let visible = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
+        opts.data_parallel = DataParallel::from_gpus_flag(gpus, visible).map_err(anyhow::Error::msg)?;
+        if opts.data_parallel == DataParallel::Off {
+            opts.device = tch::Device::Cuda(0);
+        }
+    }
     opts.worker_id = args.worker_id.unwrap_or_else(default_worker_id);
     if let Some(dir) = args.work_dir.or(file.work_dir) {
         opts.work_dir = dir;
