@@ -20,7 +20,8 @@ device_env() {
   # cudarc looks for libnccl.so; the pip wheel ships libnccl.so.2 only.
   mkdir -p /tmp/trainq-lib
   ln -sf "$gpu_torch/../nvidia/nccl/lib/libnccl.so.2" /tmp/trainq-lib/libnccl.so
-  export LD_LIBRARY_PATH=$gpu_torch/lib:/tmp/trainq-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # libnvrtc.so.13 (the fused AdamW kernel is compiled at run time) lives in pip's nvidia/cu13.
+  export LD_LIBRARY_PATH=$gpu_torch/lib:$gpu_torch/../nvidia/cu13/lib:/tmp/trainq-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export OUT=${OUT:-/tmp/trainq-out}
   mkdir -p "$OUT"
 }

@@ -18,6 +18,7 @@ pub mod db;
 pub mod demo;
 pub mod dist;
 pub mod error;
+pub mod kernels;
 pub mod model;
 pub mod queue;
 pub mod rl;

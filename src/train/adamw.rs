@@ -8,10 +8,16 @@
 //! ([`super::flat_params`]): the parameters are moved into one buffer per dtype/device group on
 //! the first step, so one update is ~15 kernels per group rather than ~10 per tensor. Moments
 //! are kept in f32 whatever the parameter's dtype, and are exposed per parameter for checkpoints.
+//!
+//! On CUDA each bucket's update is instead one fused kernel of our own
+//! ([`crate::kernels::fused_adamw_step`]: every element read and written once), unless
+//! [`AdamW::set_fused`] turned it off; if the kernel cannot be compiled (no NVRTC) the tensor-op
+//! path runs, with one warning.
 
 use tch::{Kind, Tensor};
 
 use super::flat_params::FlatBucket;
+use crate::kernels::{fused_adamw_step, AdamWScalars};
 use crate::config::OptimizerConfig;
 use crate::error::{Error, Result};
 
@@ -26,12 +32,14 @@ pub struct AdamW {
     /// The parameters' flat groups with their f32 first and second moments.
     groups: Vec<(FlatBucket, Tensor, Tensor)>,
     params: usize,
+    /// Use the fused CUDA kernel for buckets on CUDA.
+    fused: bool,
 }
 
 impl AdamW {
     /// A fresh optimizer; moments are created on the first step.
     pub fn new(cfg: OptimizerConfig) -> Self {
-        Self { cfg, steps: 0, groups: Vec::new(), params: 0 }
+        Self { cfg, steps: 0, groups: Vec::new(), params: 0, fused: true }
     }
 
     /// Number of steps taken.
@@ -42,6 +50,18 @@ impl AdamW {
     /// Current learning rate.
     pub fn learning_rate(&self) -> f64 {
         self.cfg.learning_rate
+    }
+
+    /// Whether buckets on CUDA are updated by the fused kernel (default) or by tensor ops (the
+    /// portable path, also the reference the fused kernel is checked against).
+    pub fn set_fused(&mut self, fused: bool) {
+        self.fused = fused;
+    }
+
+    /// Whether the fused kernel is in use (false after [`AdamW::set_fused`]`(false)` or once it
+    /// failed to load).
+    pub fn fused(&self) -> bool {
+        self.fused
     }
 
     /// Changes the learning rate (for schedules).
@@ -68,8 +88,9 @@ impl AdamW {
             return Ok(0.0);
         }
         let norm = tch::no_grad(|| -> tch::Result<Tensor> {
-            let squares = grads.iter().map(|g| g.f_square()?.f_sum(Kind::Float)?.f_to_device(grads[0].device())).collect::<tch::Result<Vec<_>>>()?;
-            Tensor::f_stack(&squares, 0)?.f_sum(Kind::Float)?.f_sqrt()
+            // per bucket one reduction reading the gradient in its dtype, accumulating in f32
+            let norms = grads.iter().map(|g| g.f_norm_scalaropt_dtype(2, Kind::Float)?.f_to_device(grads[0].device())).collect::<tch::Result<Vec<_>>>()?;
+            Tensor::f_stack(&norms, 0)?.f_square()?.f_sum(Kind::Float)?.f_sqrt()
         });
         let norm = norm.map_err(Error::torch("gradient norm"))?;
         let value = norm.double_value(&[]);
@@ -79,13 +100,13 @@ impl AdamW {
                 source: tch::TchError::Kind(format!("gradient norm is {value}; the update was not applied")),
             });
         }
-        let coef = (max_norm > 0.0).then(|| tch::no_grad(|| (max_norm / (&norm + 1e-6)).clamp_max(1.0)));
-        self.update(&grads, coef.as_ref())?;
+        let coef = (max_norm > 0.0).then(|| (max_norm / (value + 1e-6)).min(1.0));
+        self.update(&grads, coef)?;
         Ok(value)
     }
 
     /// Creates the flat groups and moments on first use, re-attaches moved parameters, and
-    /// gathers each group's gradient as one f32 vector.
+    /// gathers each group's gradient as one vector in the parameters' dtype.
     fn prepare(&mut self, params: &[Tensor]) -> Result<Vec<Tensor>> {
         if self.groups.is_empty() {
             self.groups = FlatBucket::group(params)?.into_iter().map(with_zero_moments).collect();
@@ -100,18 +121,40 @@ impl AdamW {
         }).collect()
     }
 
-    /// One AdamW update of every group from its flat f32 gradient, scaled by `coef` if given.
-    fn update(&mut self, grads: &[Tensor], coef: Option<&Tensor>) -> Result<()> {
+    /// One AdamW update of every group from its flat gradient, scaled by `coef` if given.
+    fn update(&mut self, grads: &[Tensor], coef: Option<f64>) -> Result<()> {
         self.steps += 1;
         let (b1, b2) = self.cfg.betas;
         let (lr, wd, eps) = (self.cfg.learning_rate, self.cfg.weight_decay, self.cfg.eps);
         let bias1 = 1.0 - b1.powi(self.steps as i32);
         let bias2_sqrt = (1.0 - b2.powi(self.steps as i32)).sqrt();
+        let scalars = AdamWScalars {
+            decay: 1.0 - lr * wd,
+            w1: 1.0 - b1,
+            w2: 1.0 - b2,
+            step_size: lr / bias1,
+            bias2_sqrt,
+            eps,
+            coef: coef.unwrap_or(1.0),
+        };
+        let mut unfused = Vec::new();
+        for (index, ((bucket, m, v), grad)) in self.groups.iter().zip(grads).enumerate() {
+            if !(self.fused && bucket.values.device().is_cuda()) {
+                unfused.push(index);
+                continue;
+            }
+            if let Err(err) = fused_adamw_step(&bucket.values, grad, m, v, &scalars) {
+                warn_once_unfused(&err);
+                self.fused = false;
+                unfused.push(index);
+            }
+        }
         let run = || -> tch::Result<()> {
-            for ((bucket, m, v), grad) in self.groups.iter_mut().zip(grads) {
-                let mut grad = grad.shallow_clone();
+            for index in unfused {
+                let ((bucket, m, v), grad) = (&mut self.groups[index], &grads[index]);
+                let mut grad = grad.f_to_kind(Kind::Float)?;
                 if let Some(coef) = coef {
-                    let _ = grad.f_mul_(&coef.f_to_device(grad.device())?)?;
+                    let _ = grad.f_mul_scalar_(coef)?;
                 }
                 let f32_values = bucket.values.kind() == Kind::Float;
                 let mut p32 = if f32_values { bucket.values.shallow_clone() } else { bucket.values.f_to_kind(Kind::Float)? };
@@ -173,9 +216,15 @@ impl AdamW {
                 }
             }
         }
-        *self = Self { cfg: self.cfg.clone(), steps, groups, params: params.len() };
+        *self = Self { cfg: self.cfg.clone(), steps, groups, params: params.len(), fused: self.fused };
         Ok(())
     }
+}
+
+/// Says once per process that the fused kernel is unavailable and the tensor-op path runs.
+fn warn_once_unfused(err: &Error) {
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| tracing::warn!("fused AdamW unavailable, using tensor ops: {err}"));
 }
 
 /// A bucket with zero f32 first and second moments of its size.

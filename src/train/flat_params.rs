@@ -95,7 +95,8 @@ impl FlatBucket {
         })
     }
 
-    /// The members' gradients concatenated as one f32 vector (zeros where a member has none).
+    /// The members' gradients concatenated as one vector in the members' dtype (zeros where a
+    /// member has none).
     pub(crate) fn gradient(&self, params: &[Tensor]) -> Result<Tensor> {
         let grads: Vec<Tensor> = self
             .members
@@ -110,7 +111,7 @@ impl FlatBucket {
                 }
             })
             .collect();
-        tch::no_grad(|| Tensor::f_cat(&grads, 0)?.f_to_kind(Kind::Float)).map_err(Error::torch("gather gradients"))
+        tch::no_grad(|| Tensor::f_cat(&grads, 0)).map_err(Error::torch("gather gradients"))
     }
 
     /// Total element count.

@@ -1,6 +1,7 @@
 //! `trainq bench check`: the bf16 CUDA path against the f32 CPU path on the same random Qwen3
 //! weights and packed batch (log-probs, loss, gradients), plus activation checkpointing on CUDA
-//! against the plain backward, printed as one JSON line with pass/fail per check.
+//! against the plain backward, and the fused CUDA AdamW kernel against the tensor-op AdamW,
+//! printed as one JSON line with pass/fail per check.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -9,7 +10,8 @@ use tch::{Device, Kind, Tensor};
 use trainq::config::{LoraConfig, TrainConfig};
 use trainq::model::Policy;
 use trainq::tokenize::MicroBatch;
-use trainq::train::{to_tensors, PolicyModel, Trainer};
+use trainq::config::OptimizerConfig;
+use trainq::train::{to_tensors, AdamW, PolicyModel, Trainer};
 
 use super::bench::{random_batch, shape_config};
 
@@ -19,6 +21,10 @@ const LOGPROB_MEAN_TOLERANCE: f64 = 2e-2;
 const LOSS_ABS_TOLERANCE: f64 = 2e-2;
 /// Smallest cosine similarity of the flattened gradients (bf16 vs f32; checkpointing vs not).
 const GRAD_COSINE_MIN: f64 = 0.99;
+/// Largest |Δ parameter| between the fused AdamW kernel and the tensor-op path after three
+/// steps, relative to the largest parameter: f32 (float rounding) and bf16 (one rounding step).
+const ADAMW_F32_TOLERANCE: f64 = 1e-5;
+const ADAMW_BF16_TOLERANCE: f64 = 1e-2;
 
 /// Settings of `trainq bench check`.
 #[derive(Args, Debug)]
@@ -75,9 +81,13 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
     let loss_diff = (loss_gpu - loss_cpu).abs();
     let cos_bf16 = cosine(&grad_gpu, &grad_cpu);
     let cos_ckpt = cosine(&grad_ckpt, &grad_gpu);
+    let (adamw_f32, fused_f32) = fused_adamw_difference(device, Kind::Float)?;
+    let (adamw_bf16, fused_bf16) = fused_adamw_difference(device, Kind::BFloat16)?;
     let checks = json!({
         "logprobs": lp_mean <= LOGPROB_MEAN_TOLERANCE, "loss": loss_diff <= LOSS_ABS_TOLERANCE,
         "grads_bf16_vs_f32": cos_bf16 >= GRAD_COSINE_MIN, "grads_ckpt_vs_plain": cos_ckpt >= GRAD_COSINE_MIN,
+        "adamw_fused_vs_ops": adamw_f32 <= ADAMW_F32_TOLERANCE && adamw_bf16 <= ADAMW_BF16_TOLERANCE,
+        "adamw_fused_ran_on_cuda": !device.is_cuda() || (fused_f32 && fused_bf16),
     });
     let ok = checks.as_object().is_some_and(|m| m.values().all(|v| v == &json!(true)));
     println!(
@@ -89,6 +99,7 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
             "loss_f32_cpu": loss_cpu, "loss_bf16_cuda": loss_gpu, "loss_bf16_cuda_ckpt": loss_ckpt, "loss_abs_diff": loss_diff,
             "grad_cosine_bf16_vs_f32": cos_bf16, "grad_cosine_ckpt_vs_plain": cos_ckpt,
             "grad_norm_f32_cpu": norm(&grad_cpu), "grad_norm_bf16_cuda": norm(&grad_gpu),
+            "adamw_fused_ran": fused_f32 && fused_bf16, "adamw_fused_vs_ops_f32": adamw_f32, "adamw_fused_vs_ops_bf16": adamw_bf16,
             "tolerances": {"logprob_mean": LOGPROB_MEAN_TOLERANCE, "loss_abs": LOSS_ABS_TOLERANCE, "grad_cosine_min": GRAD_COSINE_MIN},
         })
     );
@@ -96,6 +107,35 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
         bail!("bf16 CUDA and f32 CPU disagree beyond tolerance (see the JSON line)");
     }
     Ok(())
+}
+
+/// Three clipped AdamW steps on the same random parameters and gradients (several tensors, so
+/// bucket offsets matter) with the fused kernel and with tensor ops: the largest |Δ parameter|
+/// relative to the largest parameter, and whether the fused kernel ran (on CUDA).
+fn fused_adamw_difference(device: Device, kind: Kind) -> Result<(f64, bool)> {
+    let shapes: [&[i64]; 3] = [&[1000], &[37, 50], &[4096, 3]];
+    let start: Vec<Tensor> = shapes.iter().map(|s| Tensor::randn(*s, (Kind::Float, device)).to_kind(kind)).collect();
+    let cfg = OptimizerConfig { learning_rate: 1e-2, ..OptimizerConfig::default() };
+    let mut results = Vec::new();
+    for fused in [true, false] {
+        let params: Vec<Tensor> = start.iter().map(|t| t.copy().set_requires_grad(true)).collect();
+        let mut adamw = AdamW::new(cfg.clone());
+        adamw.set_fused(fused);
+        for step in 0..3 {
+            tch::manual_seed(100 + step);
+            for p in &params {
+                p.shallow_clone().zero_grad();
+                let r = Tensor::randn(p.size(), (Kind::Float, device)).to_kind(kind);
+                (p * r).sum(Kind::Float).backward();
+            }
+            adamw.clip_and_step(&params, 1.0)?;
+        }
+        let flat: Vec<Tensor> = params.iter().map(|p| p.detach().to_kind(Kind::Float).reshape([-1])).collect();
+        results.push((Tensor::cat(&flat, 0), adamw.fused()));
+    }
+    let scale = results[1].0.abs().max().double_value(&[]).max(1e-30);
+    let diff = (&results[0].0 - &results[1].0).abs().max().double_value(&[]);
+    Ok((diff / scale, results[0].1 && device.is_cuda()))
 }
 
 /// Every variable of `from` copied into `to` (dtype and device converted).

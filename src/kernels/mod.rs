@@ -1,0 +1,60 @@
+//! CUDA kernels of trainq's own, for work libtorch has no fused op for that tch can reach: the
+//! CUDA source is compiled at run time by NVRTC (loaded dynamically, like NCCL, so CPU builds and
+//! CI never need CUDA) and launched through cudarc's driver API on the device's legacy default
+//! stream, the stream libtorch's kernels run on in trainq, so they are ordered with them.
+//!
+//! Besides `dist::nccl`, this is the only module with `unsafe` code: kernel launches on raw
+//! device pointers of tch tensors.
+#![allow(unsafe_code)]
+
+mod adamw;
+
+pub use adamw::{fused_adamw_step, AdamWScalars};
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
+
+use crate::error::{Error, Result};
+
+/// A compiled module and the context it lives in, per CUDA ordinal.
+struct Loaded {
+    ctx: Arc<CudaContext>,
+    module: Arc<CudaModule>,
+}
+
+/// Compiles `source` for device `ordinal` once per process (cached by the source's name) and
+/// returns the context and the function `name` in it.
+fn function(ordinal: usize, source_name: &'static str, source: &str, name: &str) -> Result<(Arc<CudaContext>, CudaFunction)> {
+    static CACHE: OnceLock<Mutex<HashMap<(usize, &'static str), Result<Arc<Loaded>>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut cache = cache.lock().map_err(|_| Error::Engine("the CUDA kernel cache lock was poisoned".into()))?;
+    let loaded = cache.entry((ordinal, source_name)).or_insert_with(|| compile(ordinal, source_name, source).map(Arc::new));
+    let loaded = match loaded {
+        Ok(loaded) => loaded.clone(),
+        Err(err) => return Err(Error::Engine(format!("{err}"))),
+    };
+    let f = loaded.module.load_function(name).map_err(|e| kernel_error(source_name, format!("load {name}: {e:?}")))?;
+    Ok((loaded.ctx.clone(), f))
+}
+
+fn compile(ordinal: usize, source_name: &'static str, source: &str) -> Result<Loaded> {
+    let ctx = CudaContext::new(ordinal).map_err(|e| kernel_error(source_name, format!("CUDA context {ordinal}: {e:?}")))?;
+    let (major, minor) = ctx.compute_capability().map_err(|e| kernel_error(source_name, format!("{e:?}")))?;
+    let options = CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+        name: Some(source_name.to_string()),
+        ..CompileOptions::default()
+    };
+    let ptx = std::panic::catch_unwind(|| compile_ptx_with_opts(source, options))
+        .map_err(|_| kernel_error(source_name, "NVRTC (libnvrtc.so) could not be loaded".into()))?
+        .map_err(|e| kernel_error(source_name, format!("NVRTC: {e}")))?;
+    let module = ctx.load_module(ptx).map_err(|e| kernel_error(source_name, format!("load module: {e:?}")))?;
+    Ok(Loaded { ctx, module })
+}
+
+fn kernel_error(source_name: &str, message: String) -> Error {
+    Error::Engine(format!("CUDA kernel {source_name}: {message}"))
+}
