@@ -25,10 +25,13 @@ struct Loaded {
     module: Arc<CudaModule>,
 }
 
+/// Compiled modules (or why compiling failed) by (CUDA ordinal, source name).
+type ModuleCache = Mutex<HashMap<(usize, &'static str), Result<Arc<Loaded>>>>;
+
 /// Compiles `source` for device `ordinal` once per process (cached by the source's name) and
 /// returns the context and the function `name` in it.
 fn function(ordinal: usize, source_name: &'static str, source: &str, name: &str) -> Result<(Arc<CudaContext>, CudaFunction)> {
-    static CACHE: OnceLock<Mutex<HashMap<(usize, &'static str), Result<Arc<Loaded>>>>> = OnceLock::new();
+    static CACHE: OnceLock<ModuleCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     let mut cache = cache.lock().map_err(|_| Error::Engine("the CUDA kernel cache lock was poisoned".into()))?;
     let loaded = cache.entry((ordinal, source_name)).or_insert_with(|| compile(ordinal, source_name, source).map(Arc::new));
