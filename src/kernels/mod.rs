@@ -8,8 +8,10 @@
 #![allow(unsafe_code)]
 
 mod adamw;
+mod softmax;
 
 pub use adamw::{fused_adamw_step, AdamWScalars};
+pub use softmax::{onehot_minus_scaled_in_place, softmax_rows_in_place};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -1,73 +1,162 @@
 //! Per-token log-probs from final hidden states, a chunk of tokens at a time, so the
-//! `[tokens, vocab]` logits never exist in f32 all at once — not in the forward pass, and (while
-//! `lm_head` is frozen, as with LoRA) not kept for the backward pass either.
+//! `[tokens, vocab]` logits never exist in f32 — not in the forward pass, and not kept for the
+//! backward pass either.
 //!
-//! With a frozen `lm_head` W, `d log p(y | h) / d h = Wᵀ (onehot(y) − softmax(W h))
-//! = W[y] − Wᵀ softmax(W h)`, which is computed per chunk without autograd and attached to `h`
-//! through the surrogate `lp + ⟨h, g⟩ − stop_grad(⟨h, g⟩)`: its value is `lp`, its gradient with
-//! respect to `h` is `g`. Only `g` (tokens × hidden) is kept. When `lm_head` trains (full
-//! fine-tune), each chunk goes through plain autograd instead.
+//! Per chunk, without autograd: logits `W h` in the model dtype, then their softmax `p` and each
+//! token's log-prob in one pass (on CUDA with bf16 one kernel of ours, in place; elsewhere
+//! `log_softmax` and `softmax`). From them:
+//! - the gradient with respect to `h` (when the layers below train), `g = W[y] − p W`, attached
+//!   to `h` through the surrogate `lp + ⟨h, g⟩ − stop_grad(⟨h, g⟩)`: its value is `lp`, its
+//!   gradient with respect to `h` is `g` times the upstream gradient of each token;
+//! - when `lm_head` itself trains (full fine-tune), `p` is kept and a zero "probe" added to the
+//!   log-probs records each token's upstream gradient `c = dL/dlp` during the loss backward;
+//!   [`PendingLmHeadGrad::apply`] (from `Policy::finish_backward`) then forms
+//!   `dW = Σ_chunks (c · (onehot(y) − p))ᵀ h` and accumulates it into `lm_head`'s gradient.
 //!
-//! Per chunk the (C, vocab) work is three passes: the logits GEMM in the model dtype, one fused
-//! `log_softmax` to f32 (the log-probs are read from it), and one fused `softmax` in the model
-//! dtype feeding the gradient GEMM — no f32 copy of the logits, no separate max/exp/sum/sub.
+//! Compared with autograd through `log_softmax`, nothing of size (tokens × vocab) is kept in
+//! f32, and the vocabulary-wide work is two or three passes over bf16 per chunk.
 
 use tch::{Kind, Tensor};
 
+use super::checkpointing::grad_mode_enabled;
 use super::layers::TchResult;
 
 /// Tokens per chunk through `lm_head` + log-softmax.
 pub const LOGPROB_CHUNK_TOKENS: i64 = 1024;
 
-/// log p(targets[n] | hidden[n]) for hidden (N, H) and targets (N,) i64 → (N,) f32.
-/// A negative target (e.g. -100 for "no target") yields 0 and no gradient.
-pub(crate) fn chunked_logprobs(hidden: &Tensor, lm_head: &Tensor, targets: &Tensor) -> TchResult<Tensor> {
+/// What `lm_head`'s gradient still needs after the loss backward of a full fine-tune.
+#[derive(Debug)]
+pub(crate) struct PendingLmHeadGrad {
+    /// (N,) f32 zeros added to the log-probs; its gradient is each token's dL/dlp.
+    probe: Tensor,
+    /// (N, H) hidden states, detached.
+    hidden: Tensor,
+    /// (N,) targets, clamped to valid ids (invalid ones have zero upstream gradient).
+    targets: Tensor,
+    /// Per chunk, the (C, vocab) softmax in the model dtype.
+    probs: Vec<Tensor>,
+}
+
+/// log p(targets[n] | hidden[n]) for hidden (N, H) and targets (N,) i64 → (N,) f32, and, when
+/// `lm_head` trains under autograd, what its gradient needs after the backward. A negative
+/// target (e.g. -100 for "no target") yields 0 and no gradient.
+pub(crate) fn chunked_logprobs(hidden: &Tensor, lm_head: &Tensor, targets: &Tensor) -> TchResult<(Tensor, Option<PendingLmHeadGrad>)> {
     let n = hidden.size()[0];
     let valid = targets.f_ge(0)?;
     let safe = targets.f_clamp_min(0)?;
-    let manual_grad = hidden.requires_grad() && !lm_head.requires_grad();
+    let hidden_grad = hidden.requires_grad();
+    let head_grad = lm_head.requires_grad() && grad_mode_enabled();
     let mut values = Vec::new();
     let mut grads = Vec::new();
+    let mut kept = Vec::new();
     let mut start = 0;
     while start < n {
         let len = LOGPROB_CHUNK_TOKENS.min(n - start);
-        let h = hidden.f_narrow(0, start, len)?;
-        let t = safe.f_narrow(0, start, len)?;
-        if manual_grad {
-            let (lp, g) = tch::no_grad(|| logprobs_and_hidden_grad(&h, lm_head, &t))?;
+        let (h, t) = (hidden.f_narrow(0, start, len)?, safe.f_narrow(0, start, len)?);
+        tch::no_grad(|| -> TchResult<()> {
+            let (lp, probs) = softmax_and_logprobs(&h.f_linear::<Tensor>(lm_head, None)?, &t, hidden_grad || head_grad)?;
             values.push(lp);
-            grads.push(g);
-        } else {
-            values.push(logprobs_of_chunk(&h, lm_head, &t)?);
-        }
+            let Some(probs) = probs else { return Ok(()) };
+            if hidden_grad {
+                // W[y] − p W: (C, H)
+                grads.push(Tensor::f_embedding(lm_head, &t, -1, false, false)?.f_sub(&probs.f_matmul(lm_head)?)?);
+            }
+            if head_grad {
+                kept.push(probs);
+            }
+            Ok(())
+        })?;
         start += len;
     }
     let mut lp = Tensor::f_cat(&values, 0)?;
-    if manual_grad {
+    if hidden_grad {
         // (N, H) · (N, H) -> (N,): value 0, gradient g with respect to hidden
-        let g = Tensor::f_cat(&grads, 0)?;
-        let surrogate = hidden.f_mul(&g)?.f_sum_dim_intlist(-1, false, Kind::Float)?;
+        let surrogate = hidden.f_mul(&Tensor::f_cat(&grads, 0)?)?.f_sum_dim_intlist(-1, false, Kind::Float)?;
         lp = lp.f_add(&surrogate.f_sub(&surrogate.f_detach()?)?)?;
     }
-    lp.f_mul(&valid.f_to_kind(Kind::Float)?)
+    let pending = if head_grad {
+        let probe = Tensor::f_zeros([n], (Kind::Float, hidden.device()))?.set_requires_grad(true);
+        lp = lp.f_add(&probe)?;
+        Some(PendingLmHeadGrad { probe, hidden: hidden.f_detach()?, targets: safe, probs: kept })
+    } else {
+        None
+    };
+    Ok((lp.f_mul(&valid.f_to_kind(Kind::Float)?)?, pending))
 }
 
-/// (C, H), (V, H), (C,) -> (C,) f32 log-probs, differentiable by autograd.
-fn logprobs_of_chunk(h: &Tensor, lm_head: &Tensor, targets: &Tensor) -> TchResult<Tensor> {
-    // (C, H) -> (C, V) in the model dtype -> log-softmax in f32 (one fused kernel each way)
-    let log_probs = h.f_linear::<Tensor>(lm_head, None)?.f_log_softmax(-1, Kind::Float)?;
-    log_probs.f_gather(-1, &targets.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)
+impl PendingLmHeadGrad {
+    /// After the loss backward: accumulates `Σ (c · (onehot(y) − p))ᵀ h` into `lm_head`'s
+    /// gradient (nothing if the backward did not reach the log-probs).
+    pub(crate) fn apply(self, lm_head: &Tensor) -> TchResult<()> {
+        let upstream = self.probe.grad();
+        if !upstream.defined() {
+            return Ok(());
+        }
+        let total = tch::no_grad(|| -> TchResult<Option<Tensor>> {
+            let mut total: Option<Tensor> = None;
+            let mut start = 0;
+            for probs in self.probs {
+                let len = probs.size()[0];
+                let (t, c) = (self.targets.f_narrow(0, start, len)?, upstream.f_narrow(0, start, len)?);
+                let d = onehot_minus_scaled(probs, &t, &c)?.f_transpose(0, 1)?;
+                let h = self.hidden.f_narrow(0, start, len)?;
+                total = Some(match total {
+                    None => d.f_matmul(&h)?,
+                    Some(mut acc) => acc.f_addmm_(&d, &h)?,
+                });
+                start += len;
+            }
+            Ok(total)
+        })?;
+        match total {
+            // d⟨W, G⟩/dW = G, accumulated into W's gradient like any other contribution
+            Some(g) => lm_head.f_mul(&g)?.f_sum(Kind::Float)?.f_backward(),
+            None => Ok(()),
+        }
+    }
 }
 
-/// Log-probs (C,) f32 and their gradient with respect to `h`, `W[y] − softmax(W h) W` (C, H), for
-/// one chunk; no autograd graph.
-fn logprobs_and_hidden_grad(h: &Tensor, lm_head: &Tensor, targets: &Tensor) -> TchResult<(Tensor, Tensor)> {
-    let logits = h.f_linear::<Tensor>(lm_head, None)?;
+/// Each row's log-prob of its target (C,) f32 and, if `need_probs`, the softmax (C, V) in the
+/// logits' dtype. On CUDA with bf16 logits: our kernel, in place of the logits; otherwise
+/// tensor ops.
+fn softmax_and_logprobs(logits: &Tensor, targets: &Tensor, need_probs: bool) -> TchResult<(Tensor, Option<Tensor>)> {
+    if logits.device().is_cuda() && logits.kind() == Kind::BFloat16 && kernels_usable() {
+        let lp = Tensor::f_empty([logits.size()[0]], (Kind::Float, logits.device()))?;
+        match crate::kernels::softmax_rows_in_place(logits, &targets.f_contiguous()?, &lp) {
+            Ok(()) => return Ok((lp, need_probs.then(|| logits.shallow_clone()))),
+            Err(err) => kernels_failed(&err),
+        }
+    }
     let lp = logits.f_log_softmax(-1, Kind::Float)?.f_gather(-1, &targets.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
-    // (C, V) @ (V, H) -> (C, H), subtracted from the targets' rows of W
-    let expected = logits.f_softmax(-1, logits.kind())?.f_matmul(lm_head)?;
-    let g = Tensor::f_embedding(lm_head, targets, -1, false, false)?.f_sub(&expected)?;
-    Ok((lp, g))
+    let probs = if need_probs { Some(logits.f_softmax(-1, logits.kind())?) } else { None };
+    Ok((lp, probs))
+}
+
+/// `c · (onehot(targets) − probs)` row by row, (C, V) in the probabilities' dtype (in place on
+/// CUDA with bf16).
+fn onehot_minus_scaled(probs: Tensor, targets: &Tensor, coef: &Tensor) -> TchResult<Tensor> {
+    if probs.device().is_cuda() && probs.kind() == Kind::BFloat16 && kernels_usable() {
+        match crate::kernels::onehot_minus_scaled_in_place(&probs, &targets.f_contiguous()?, &coef.f_contiguous()?) {
+            Ok(()) => return Ok(probs),
+            Err(err) => kernels_failed(&err),
+        }
+    }
+    let c = coef.f_unsqueeze(-1)?;
+    let mut d = probs.f_mul(&c.f_neg()?.f_to_kind(probs.kind())?)?;
+    d.f_scatter_add_(-1, &targets.f_unsqueeze(-1)?, &c.f_to_kind(probs.kind())?)
+}
+
+static KERNELS_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn kernels_usable() -> bool {
+    !KERNELS_FAILED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The kernels could not be loaded: say so once and use tensor ops from now on.
+fn kernels_failed(err: &crate::error::Error) {
+    if !KERNELS_FAILED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!("softmax kernels unavailable, using tensor ops: {err}");
+    }
 }
 
 #[cfg(test)]
@@ -91,7 +180,8 @@ mod tests {
         let _ = t.get(5).fill_(-100);
         let upstream = Tensor::randn([n], (Kind::Float, Device::Cpu));
 
-        let ours = chunked_logprobs(&(&leaf * 1.0), &w, &t).unwrap();
+        let (ours, pending) = chunked_logprobs(&(&leaf * 1.0), &w, &t).unwrap();
+        assert!(pending.is_none(), "a frozen lm_head needs no deferred gradient");
         let ours_grad = Tensor::run_backward(&[(&ours * &upstream).sum(Kind::Float)], &[&leaf], false, false);
         let reference = plain(&(&leaf * 1.0), &w, &t);
         let ref_grad = Tensor::run_backward(&[(&reference * &upstream).sum(Kind::Float)], &[&leaf], false, false);
@@ -99,5 +189,28 @@ mod tests {
         assert!(ours.allclose(&reference, 1e-5, 1e-5, false));
         assert_eq!(ours.double_value(&[5]), 0.0);
         assert!(ours_grad[0].allclose(&ref_grad[0], 1e-5, 1e-5, false));
+    }
+
+    #[test]
+    fn a_trained_lm_head_gets_the_plain_gradient_after_apply() {
+        tch::manual_seed(4);
+        let (n, h, v) = (LOGPROB_CHUNK_TOKENS + 21, 8, 40);
+        let w = Tensor::randn([v, h], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let leaf = Tensor::randn([n, h], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let t = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
+        let _ = t.get(7).fill_(-100);
+        let upstream = Tensor::randn([n], (Kind::Float, Device::Cpu));
+
+        let (ours, pending) = chunked_logprobs(&(&leaf * 1.0), &w, &t).unwrap();
+        (&ours * &upstream).sum(Kind::Float).backward();
+        pending.expect("a trained lm_head defers its gradient").apply(&w).unwrap();
+        let (ours_h, ours_w) = (leaf.grad().copy(), w.grad().copy());
+
+        let (w2, leaf2) = (w.detach().copy().set_requires_grad(true), leaf.detach().copy().set_requires_grad(true));
+        let reference = plain(&(&leaf2 * 1.0), &w2, &t);
+        (&reference * &upstream).sum(Kind::Float).backward();
+        assert!(ours.allclose(&reference, 1e-5, 1e-5, false));
+        assert!(ours_h.allclose(&leaf2.grad(), 1e-5, 1e-5, false));
+        assert!(ours_w.allclose(&w2.grad(), 1e-4, 1e-5, false), "max diff {}", (&ours_w - w2.grad()).abs().max().double_value(&[]));
     }
 }

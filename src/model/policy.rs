@@ -11,7 +11,7 @@ use tch::{nn::VarStore, Device, Kind, Tensor};
 use super::checkpointing::{grad_mode_enabled, SavedActivations};
 use super::hf_config::HfConfig;
 use super::layers::{Init, LoraSpec, TchResult};
-use super::logprobs::chunked_logprobs;
+use super::logprobs::{chunked_logprobs, PendingLmHeadGrad};
 use super::transformer::CausalLm;
 use super::weights::{fill_variables, weight_files};
 use crate::config::LoraConfig;
@@ -33,6 +33,9 @@ pub struct Policy {
     /// The last checkpointed forward's activations and whether LoRA was on, until
     /// [`Policy::finish_backward`].
     saved: Mutex<Option<(SavedActivations, bool)>>,
+    /// The last forward's deferred `lm_head` gradient (full fine-tune), until
+    /// [`Policy::finish_backward`].
+    pending_head: Mutex<Option<PendingLmHeadGrad>>,
 }
 
 /// Facts about a batch read on the host before it was copied to the device, so the forward
@@ -110,8 +113,8 @@ impl Policy {
             enabled: lora_enabled.clone(),
         });
         let lm = CausalLm::new(&vs.root(), cfg, &init, spec.as_ref())?;
-        let saved = Mutex::new(None);
-        Ok(Policy { vs, cfg: cfg.clone(), lm, lora: lora.cloned(), lora_enabled, kind, checkpointing: false, saved })
+        let (saved, pending_head) = (Mutex::new(None), Mutex::new(None));
+        Ok(Policy { vs, cfg: cfg.clone(), lm, lora: lora.cloned(), lora_enabled, kind, checkpointing: false, saved, pending_head })
     }
 
     /// log p(targets[b, t] | input_ids[b, ..=t]) as (B, L) f32, differentiable with respect to
@@ -150,7 +153,11 @@ impl Policy {
             let (b, l, h) = hidden.size3()?;
             // (B, L, H) -> (B*L, H)
             let flat = hidden.f_reshape([b * l, h])?;
-            chunked_logprobs(&flat, &self.lm.lm_head, &targets.f_reshape([b * l])?)?.f_reshape([b, l])
+            let (lp, pending) = chunked_logprobs(&flat, &self.lm.lm_head, &targets.f_reshape([b * l])?)?;
+            if pending.is_some() {
+                *self.pending_head.lock().unwrap_or_else(|e| e.into_inner()) = pending;
+            }
+            lp.f_reshape([b, l])
         };
         run().map_err(Error::torch("token log-probs"))
     }
@@ -200,10 +207,16 @@ impl Policy {
         self.checkpointing
     }
 
-    /// After `loss.backward()` of a checkpointed forward: recomputes the decoder layers in
-    /// reverse and accumulates the gradients of everything below the last layer's output. A
-    /// no-op without a pending checkpointed forward.
+    /// Must follow `loss.backward()` of every forward with autograd: adds `lm_head`'s gradient
+    /// when it trains (full fine-tune; it is formed from the kept softmax and each token's
+    /// upstream gradient, see `model::logprobs`), and, after a checkpointed forward, recomputes
+    /// the decoder layers in reverse and accumulates the gradients of everything below the last
+    /// layer's output. A no-op when nothing is pending.
     pub fn finish_backward(&self) -> Result<()> {
+        let head = self.pending_head.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(head) = head {
+            head.apply(&self.lm.lm_head).map_err(Error::torch("lm_head gradient"))?;
+        }
         let pending = self.saved.lock().unwrap_or_else(|e| e.into_inner()).take();
         let Some((saved, lora_enabled)) = pending else { return Ok(()) };
         self.with_lora_set(lora_enabled, |p| p.lm.finish_checkpointed_backward(saved))
