@@ -12,6 +12,9 @@ use crate::error::{Error, Result};
 
 const SOURCE_NAME: &str = "trainq_adamw.cu";
 
+/// (source name, source, one of its kernels), for [`super::unavailable`].
+pub(super) const SOURCE_NAME_AND_KERNEL: (&str, &str, &str) = (SOURCE_NAME, SOURCE, "adamw_bf16");
+
 const SOURCE: &str = r#"
 __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
 __device__ __forceinline__ void store(float* p, long long i, float x) { p[i] = x; }

@@ -13,6 +13,8 @@ mod softmax;
 pub use adamw::{fused_adamw_step, AdamWScalars};
 pub use softmax::{onehot_minus_scaled_in_place, softmax_rows_in_place};
 
+use tch::Device;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -27,6 +29,15 @@ struct Loaded {
     module: Arc<CudaModule>,
 }
 
+/// Why our kernels cannot run on `device` (not CUDA, no NVRTC, a compile or load failure), or
+/// `None` when they can. Compiles each source once per device (cached). Callers fall back to
+/// tensor ops on `Some`; once this says `None`, a failing launch is a real error.
+pub fn unavailable(device: Device) -> Option<String> {
+    let Device::Cuda(ordinal) = device else { return Some(format!("{device:?} is not a CUDA device")) };
+    let sources = [adamw::SOURCE_NAME_AND_KERNEL, softmax::SOURCE_NAME_AND_KERNEL];
+    sources.into_iter().find_map(|(name, source, kernel)| function(ordinal, name, source, kernel).err().map(|e| e.to_string()))
+}
+
 /// Compiled modules (or why compiling failed) by (CUDA ordinal, source name).
 type ModuleCache = Mutex<HashMap<(usize, &'static str), Result<Arc<Loaded>>>>;
 
@@ -35,7 +46,7 @@ type ModuleCache = Mutex<HashMap<(usize, &'static str), Result<Arc<Loaded>>>>;
 fn function(ordinal: usize, source_name: &'static str, source: &str, name: &str) -> Result<(Arc<CudaContext>, CudaFunction)> {
     static CACHE: OnceLock<ModuleCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut cache = cache.lock().map_err(|_| Error::Engine("the CUDA kernel cache lock was poisoned".into()))?;
+    let mut cache = cache.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let loaded = cache.entry((ordinal, source_name)).or_insert_with(|| compile(ordinal, source_name, source).map(Arc::new));
     let loaded = match loaded {
         Ok(loaded) => loaded.clone(),
@@ -46,18 +57,20 @@ fn function(ordinal: usize, source_name: &'static str, source: &str, name: &str)
 }
 
 fn compile(ordinal: usize, source_name: &'static str, source: &str) -> Result<Loaded> {
-    let ctx = CudaContext::new(ordinal).map_err(|e| kernel_error(source_name, format!("CUDA context {ordinal}: {e:?}")))?;
-    let (major, minor) = ctx.compute_capability().map_err(|e| kernel_error(source_name, format!("{e:?}")))?;
-    let options = CompileOptions {
-        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-        name: Some(source_name.to_string()),
-        ..CompileOptions::default()
-    };
-    let ptx = std::panic::catch_unwind(|| compile_ptx_with_opts(source, options))
-        .map_err(|_| kernel_error(source_name, "NVRTC (libnvrtc.so) could not be loaded".into()))?
-        .map_err(|e| kernel_error(source_name, format!("NVRTC: {e}")))?;
-    let module = ctx.load_module(ptx).map_err(|e| kernel_error(source_name, format!("load module: {e:?}")))?;
-    Ok(Loaded { ctx, module })
+    // cudarc panics when it cannot load a library (libcuda, libnvrtc): a failure like any other
+    let compiled = std::panic::catch_unwind(|| -> Result<Loaded> {
+        let ctx = CudaContext::new(ordinal).map_err(|e| kernel_error(source_name, format!("CUDA context {ordinal}: {e:?}")))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| kernel_error(source_name, format!("{e:?}")))?;
+        let options = CompileOptions {
+            options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
+            name: Some(source_name.to_string()),
+            ..CompileOptions::default()
+        };
+        let ptx = compile_ptx_with_opts(source, options).map_err(|e| kernel_error(source_name, format!("NVRTC: {e}")))?;
+        let module = ctx.load_module(ptx).map_err(|e| kernel_error(source_name, format!("load module: {e:?}")))?;
+        Ok(Loaded { ctx, module })
+    });
+    compiled.unwrap_or_else(|_| Err(kernel_error(source_name, "a CUDA library (libcuda, libnvrtc.so) could not be loaded".into())))
 }
 
 fn kernel_error(source_name: &str, message: String) -> Error {

@@ -11,6 +11,9 @@ use crate::error::{Error, Result};
 
 const SOURCE_NAME: &str = "trainq_softmax.cu";
 
+/// (source name, source, one of its kernels), for [`super::unavailable`].
+pub(super) const SOURCE_NAME_AND_KERNEL: (&str, &str, &str) = (SOURCE_NAME, SOURCE, "softmax_rows_bf16");
+
 const SOURCE: &str = r#"
 #define NEG_INF __int_as_float(0xff800000)
 __device__ __forceinline__ float bf16_to_float(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
@@ -56,13 +59,13 @@ __device__ void block_logsumexp(float& m, float& s) {
 }
 
 // One block per row: logprobs[row] = x[t] - logsumexp(x); then x <- softmax(x), in place.
-extern "C" __global__ void softmax_rows_bf16(unsigned short* logits, const long long* targets,
+extern "C" __global__ void __launch_bounds__(1024) softmax_rows_bf16(unsigned short* logits, const long long* targets,
                                              float* logprobs, long long vocab) {
     unsigned short* x = logits + (long long)blockIdx.x * vocab;
     float m = NEG_INF, s = 0.0f;
     for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
         float v = bf16_to_float(x[i]);
-        if (v > m) { s = s * expf(m - v) + 1.0f; m = v; } else { s += expf(v - m); }
+        if (v > m) { s = s * expf(m - v) + 1.0f; m = v; } else if (v != NEG_INF) { s += expf(v - m); }
     }
     block_logsumexp(m, s);
     if (threadIdx.x == 0) {
@@ -77,7 +80,7 @@ extern "C" __global__ void softmax_rows_bf16(unsigned short* logits, const long 
 }
 
 // One block per row: p <- coef[row] * (onehot(targets[row]) - p), in place.
-extern "C" __global__ void onehot_minus_scaled_bf16(unsigned short* probs, const long long* targets,
+extern "C" __global__ void __launch_bounds__(1024) onehot_minus_scaled_bf16(unsigned short* probs, const long long* targets,
                                                     const float* coef, long long vocab) {
     unsigned short* p = probs + (long long)blockIdx.x * vocab;
     float c = coef[blockIdx.x];

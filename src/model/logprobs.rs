@@ -120,12 +120,10 @@ impl PendingLmHeadGrad {
 /// logits' dtype. On CUDA with bf16 logits: our kernel, in place of the logits; otherwise
 /// tensor ops.
 fn softmax_and_logprobs(logits: &Tensor, targets: &Tensor, need_probs: bool) -> TchResult<(Tensor, Option<Tensor>)> {
-    if logits.device().is_cuda() && logits.kind() == Kind::BFloat16 && kernels_usable() {
+    if kernels_run_on(logits) {
         let lp = Tensor::f_empty([logits.size()[0]], (Kind::Float, logits.device()))?;
-        match crate::kernels::softmax_rows_in_place(logits, &targets.f_contiguous()?, &lp) {
-            Ok(()) => return Ok((lp, need_probs.then(|| logits.shallow_clone()))),
-            Err(err) => kernels_failed(&err),
-        }
+        crate::kernels::softmax_rows_in_place(logits, &targets.f_contiguous()?, &lp).map_err(kernel_failed)?;
+        return Ok((lp, need_probs.then(|| logits.shallow_clone())));
     }
     let lp = logits.f_log_softmax(-1, Kind::Float)?.f_gather(-1, &targets.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
     let probs = if need_probs { Some(logits.f_softmax(-1, logits.kind())?) } else { None };
@@ -135,28 +133,30 @@ fn softmax_and_logprobs(logits: &Tensor, targets: &Tensor, need_probs: bool) -> 
 /// `c · (onehot(targets) − probs)` row by row, (C, V) in the probabilities' dtype (in place on
 /// CUDA with bf16).
 fn onehot_minus_scaled(probs: Tensor, targets: &Tensor, coef: &Tensor) -> TchResult<Tensor> {
-    if probs.device().is_cuda() && probs.kind() == Kind::BFloat16 && kernels_usable() {
-        match crate::kernels::onehot_minus_scaled_in_place(&probs, &targets.f_contiguous()?, &coef.f_contiguous()?) {
-            Ok(()) => return Ok(probs),
-            Err(err) => kernels_failed(&err),
-        }
+    if kernels_run_on(&probs) {
+        crate::kernels::onehot_minus_scaled_in_place(&probs, &targets.f_contiguous()?, &coef.f_contiguous()?).map_err(kernel_failed)?;
+        return Ok(probs);
     }
     let c = coef.f_unsqueeze(-1)?;
     let mut d = probs.f_mul(&c.f_neg()?.f_to_kind(probs.kind())?)?;
     d.f_scatter_add_(-1, &targets.f_unsqueeze(-1)?, &c.f_to_kind(probs.kind())?)
 }
 
-static KERNELS_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-fn kernels_usable() -> bool {
-    !KERNELS_FAILED.load(std::sync::atomic::Ordering::Relaxed)
+/// Whether our kernels run on `device` (bf16 on CUDA, compiled there); when they cannot, says
+/// so once per process and the tensor-op path runs.
+fn kernels_run_on(logits: &Tensor) -> bool {
+    if !(logits.device().is_cuda() && logits.kind() == Kind::BFloat16) {
+        return false;
+    }
+    let Some(reason) = crate::kernels::unavailable(logits.device()) else { return true };
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    WARNED.call_once(|| tracing::warn!("softmax kernels unavailable, using tensor ops: {reason}"));
+    false
 }
 
-/// The kernels could not be loaded: say so once and use tensor ops from now on.
-fn kernels_failed(err: &crate::error::Error) {
-    if !KERNELS_FAILED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        tracing::warn!("softmax kernels unavailable, using tensor ops: {err}");
-    }
+/// A kernel launch that failed although the kernels are available: an error of the step.
+fn kernel_failed(err: crate::error::Error) -> tch::TchError {
+    tch::TchError::Kind(err.to_string())
 }
 
 #[cfg(test)]

@@ -142,6 +142,11 @@ impl Policy {
     }
 
     fn logprobs_of_checked(&self, input_ids: &Tensor, position_ids: &Tensor, targets: &Tensor, packed: Option<bool>) -> Result<Tensor> {
+        if grad_mode_enabled() {
+            // A forward whose backward never ran (an error in between) leaves nothing behind.
+            self.pending_head.lock().unwrap_or_else(|e| e.into_inner()).take();
+            self.saved.lock().unwrap_or_else(|e| e.into_inner()).take();
+        }
         let run = || -> TchResult<Tensor> {
             let hidden = if self.checkpointing && grad_mode_enabled() {
                 let (hidden, saved) = self.lm.hidden_states_checkpointed(input_ids, position_ids, packed)?;

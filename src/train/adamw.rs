@@ -11,8 +11,8 @@
 //!
 //! On CUDA each bucket's update is instead one fused kernel of our own
 //! ([`crate::kernels::fused_adamw_step`]: every element read and written once), unless
-//! [`AdamW::set_fused`] turned it off; if the kernel cannot be compiled (no NVRTC) the tensor-op
-//! path runs, with one warning.
+//! [`AdamW::set_fused`] turned it off; if the kernels cannot be compiled (no NVRTC) the tensor-op
+//! path runs, with one warning. A launch that fails once the kernels are there fails the step.
 
 use tch::{Kind, Tensor};
 
@@ -61,7 +61,7 @@ impl AdamW {
     /// Whether the fused kernel is in use (false after [`AdamW::set_fused`]`(false)` or once it
     /// failed to load).
     pub fn fused(&self) -> bool {
-        self.fused
+        self.fused && self.groups.iter().all(|(bucket, _, _)| kernel_runs_on(bucket.values.device()))
     }
 
     /// Changes the learning rate (for schedules).
@@ -139,13 +139,9 @@ impl AdamW {
         };
         let mut unfused = Vec::new();
         for (index, ((bucket, m, v), grad)) in self.groups.iter().zip(grads).enumerate() {
-            if !(self.fused && bucket.values.device().is_cuda()) {
-                unfused.push(index);
-                continue;
-            }
-            if let Err(err) = fused_adamw_step(&bucket.values, grad, m, v, &scalars) {
-                warn_once_unfused(&err);
-                self.fused = false;
+            if self.fused && kernel_runs_on(bucket.values.device()) {
+                fused_adamw_step(&bucket.values, grad, m, v, &scalars)?;
+            } else {
                 unfused.push(index);
             }
         }
@@ -221,10 +217,17 @@ impl AdamW {
     }
 }
 
-/// Says once per process that the fused kernel is unavailable and the tensor-op path runs.
-fn warn_once_unfused(err: &Error) {
+/// Whether the fused kernel can run on `device` (CUDA, and our kernels compiled there). When
+/// they cannot, says so once per process; the tensor-op path runs instead. Every rank of a
+/// data-parallel group runs the same binary on the same kind of host, so all take the same path.
+fn kernel_runs_on(device: tch::Device) -> bool {
+    if !device.is_cuda() {
+        return false;
+    }
+    let Some(reason) = crate::kernels::unavailable(device) else { return true };
     static WARNED: std::sync::Once = std::sync::Once::new();
-    WARNED.call_once(|| tracing::warn!("fused AdamW unavailable, using tensor ops: {err}"));
+    WARNED.call_once(|| tracing::warn!("fused AdamW unavailable, using tensor ops: {reason}"));
+    false
 }
 
 /// A bucket with zero f32 first and second moments of its size.

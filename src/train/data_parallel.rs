@@ -62,11 +62,11 @@ pub fn data_parallel_step(
 /// Every rank learns whether any rank failed its local work, so all of them abandon the step
 /// together instead of the others blocking in the next collective. (A rank that panics or dies
 /// still leaves its peers blocked: see docs/multi-gpu.md.)
-fn agree_on_success<T>(collective: &dyn Collective, local: Result<T>) -> Result<T> {
+pub fn agree_on_success<T>(collective: &dyn Collective, local: Result<T>) -> Result<T> {
     let failed_ranks = collective.all_reduce_scalar(if local.is_err() { 1.0 } else { 0.0 })?;
     match local {
         Ok(_) if failed_ranks > 0.0 => Err(Error::Collective(format!(
-            "{failed_ranks} other rank(s) failed this step; rank {} abandons it",
+            "{failed_ranks} other rank(s) failed; rank {} gives up too",
             collective.rank()
         ))),
         local => local,

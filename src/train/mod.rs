@@ -16,7 +16,7 @@ pub mod trainer;
 pub use adamw::{clip_grad_norm, AdamW};
 pub use flat_params::BUCKET_ELEMENTS;
 pub use batch_tensors::{to_tensors, MicroBatchTensors};
-pub use data_parallel::{copy_from_rank_zero, data_parallel_step};
+pub use data_parallel::{agree_on_success, copy_from_rank_zero, data_parallel_step};
 pub use ranks::{RankGroup, RankReplica};
 pub use trainer::{StepMetrics, Trainer};
 

@@ -17,6 +17,7 @@ use std::thread::JoinHandle;
 use tch::Device;
 use tokio::sync::oneshot;
 
+use super::data_parallel::agree_on_success;
 use super::{copy_from_rank_zero, data_parallel_step, StepMetrics, Trainer};
 use crate::config::TrainConfig;
 use crate::dist::{split_by_tokens, Collective, NcclCollective, NcclUniqueId};
@@ -72,7 +73,9 @@ impl RankGroup {
             let ordinal = ordinals[local];
             let device = Device::Cuda(ordinal);
             let collective = NcclCollective::new(id, first_rank + local, world_size, ordinal)?;
-            let policy = Policy::load(&base_dir, cfg.lora.as_ref(), device)?;
+            // Every rank learns whether any failed to load before the first weight collective,
+            // so one rank out of memory fails the start everywhere instead of hanging the rest.
+            let policy = agree_on_success(&collective, Policy::load(&base_dir, cfg.lora.as_ref(), device))?;
             Ok(RankReplica { policy, trainer: Trainer::new(&cfg, device), collective: Box::new(collective) })
         })
     }
@@ -146,6 +149,7 @@ impl RankGroup {
 
     /// Runs one synchronized optimizer step over the whole step's `batches`.
     pub async fn train(&self, batches: Vec<MicroBatch>) -> Result<StepMetrics> {
+        self.all_ranks_alive()?;
         let mut replies = Vec::with_capacity(self.ranks.len());
         for (local, share) in self.local_shares(&batches).into_iter().enumerate() {
             let (reply, answer) = oneshot::channel();
@@ -201,6 +205,7 @@ impl RankGroup {
         &self,
         work: impl Fn(usize, &mut RankReplica) -> Result<()> + Send + Sync + 'static,
     ) -> Result<()> {
+        self.all_ranks_alive()?;
         let work = Arc::new(work);
         let mut replies = Vec::with_capacity(self.ranks.len());
         for local in 0..self.ranks.len() {
@@ -218,6 +223,17 @@ impl RankGroup {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// An error naming the first local rank whose thread has ended, if any: collective work must
+    /// not be handed to some ranks when another can no longer take part.
+    fn all_ranks_alive(&self) -> Result<()> {
+        for (local, rank) in self.ranks.iter().enumerate() {
+            if rank.jobs.is_none() || rank.thread.as_ref().is_none_or(JoinHandle::is_finished) {
+                return Err(rank_gone(self.first_rank + local));
+            }
+        }
+        Ok(())
     }
 
     fn send(&self, local: usize, job: RankJob) -> Result<()> {

@@ -14,7 +14,7 @@ use crate::dist::{local_group, NcclUniqueId};
 use crate::error::{Error, Result};
 use crate::model::Policy;
 use crate::tokenize::MicroBatch;
-use crate::train::{RankGroup, RankReplica, StepMetrics, Trainer};
+use crate::train::{agree_on_success, RankGroup, RankReplica, StepMetrics, Trainer};
 
 /// The ranks of this host and what reloading a replica needs.
 pub(crate) struct RankEngine {
@@ -78,10 +78,19 @@ impl RankEngine {
         self.group
             .run_on_every_replica(move |_, replica| {
                 let device = replica.policy.device();
-                replica.policy = Policy::load(&base_dir, cfg.lora.as_ref(), device)?;
-                replica.trainer = Trainer::new(&cfg, device);
-                match &dir {
-                    Some(dir) => weights_io::load(&mut replica.policy, &mut replica.trainer, dir),
+                let loaded = Policy::load(&base_dir, cfg.lora.as_ref(), device).and_then(|mut policy| {
+                    let mut trainer = Trainer::new(&cfg, device);
+                    if let Some(dir) = &dir {
+                        weights_io::load(&mut policy, &mut trainer, dir)?;
+                    }
+                    Ok((policy, trainer))
+                });
+                // All ranks learn whether any failed before the weight collective below, and a
+                // rank that failed keeps its previous replica.
+                let (policy, trainer) = agree_on_success(replica.collective.as_ref(), loaded)?;
+                (replica.policy, replica.trainer) = (policy, trainer);
+                match dir {
+                    Some(_) => Ok(()),
                     None => replica.take_rank_zero_weights(),
                 }
             })

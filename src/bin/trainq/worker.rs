@@ -101,7 +101,7 @@ pub(crate) fn run(args: WorkerArgs) -> Result<()> {
     if let Some(gpus) = args.gpus.as_deref().or(file.gpus.as_deref()) {
         let visible = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
         opts.data_parallel = DataParallel::from_gpus_flag(gpus, visible).map_err(anyhow::Error::msg)?;
-        if opts.data_parallel == DataParallel::Off {
+        if opts.data_parallel == DataParallel::Off && !opts.device.is_cuda() {
             opts.device = tch::Device::Cuda(0);
         }
     }
