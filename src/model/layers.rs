@@ -168,11 +168,14 @@ impl RmsNorm {
 pub(crate) struct RotaryEmbedding {
     /// (head_dim / 2,) f32
     inv_freq: Tensor,
+    /// (head_dim, head_dim) in the model dtype: `x · rotate = rotate_half(x)`.
+    rotate: Tensor,
 }
 
 impl RotaryEmbedding {
-    /// Frequencies for `cfg`, computed in f32 the way transformers does (incl. llama3 scaling).
-    pub(crate) fn new(cfg: &HfConfig, device: Device) -> TchResult<Self> {
+    /// Frequencies for `cfg`, computed in f32 the way transformers does (incl. llama3 scaling),
+    /// and the `rotate_half` matrix in `kind`, the model dtype.
+    pub(crate) fn new(cfg: &HfConfig, device: Device, kind: Kind) -> TchResult<Self> {
         let dim = cfg.head_dim();
         let exponents = Tensor::f_arange_start_step(0, dim, 2, (Kind::Int64, device))?
             .f_to_kind(Kind::Float)?
@@ -184,7 +187,7 @@ impl RotaryEmbedding {
             }
             _ => inv_freq,
         };
-        Ok(Self { inv_freq })
+        Ok(Self { inv_freq, rotate: rotate_half_matrix(dim, kind, device)? })
     }
 
     /// The tables of one forward pass over `position_ids` (B, L), in `kind`, for attention with
@@ -202,8 +205,7 @@ impl RotaryEmbedding {
                 per_head_count.push((n, expand(&cos)?, expand(&sin)?));
             }
         }
-        let rotate = rotate_half_matrix(self.inv_freq.size()[0] * 2, kind, position_ids.device())?;
-        Ok(RopeTables { per_head_count, rotate })
+        Ok(RopeTables { per_head_count, rotate: self.rotate.shallow_clone() })
     }
 }
 

@@ -148,7 +148,7 @@ impl CausalLm {
         } else {
             init.weight(&(root / "lm_head"), "weight", &[cfg.vocab_size, cfg.hidden_size], false)?
         };
-        let rotary = RotaryEmbedding::new(cfg, root.device())?;
+        let rotary = RotaryEmbedding::new(cfg, root.device(), init.kind)?;
         Ok(Self { embed_tokens, layers, norm, rotary, lm_head })
     }
 
