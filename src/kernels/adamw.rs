@@ -15,18 +15,13 @@ const SOURCE_NAME: &str = "trainq_adamw.cu";
 /// (source name, source, one of its kernels), for [`super::unavailable`].
 pub(super) const SOURCE_NAME_AND_KERNEL: (&str, &str, &str) = (SOURCE_NAME, SOURCE, "adamw_bf16");
 
-const SOURCE: &str = r#"
+const SOURCE: &str = concat!(
+    bf16_helpers!(),
+    r#"
 __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
 __device__ __forceinline__ void store(float* p, long long i, float x) { p[i] = x; }
-__device__ __forceinline__ float load(const unsigned short* p, long long i) {
-    return __uint_as_float(((unsigned int)p[i]) << 16);
-}
-__device__ __forceinline__ void store(unsigned short* p, long long i, float x) {
-    unsigned int u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) { p[i] = 0x7fc0; return; }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    p[i] = (unsigned short)(u >> 16);
-}
+__device__ __forceinline__ float load(const unsigned short* p, long long i) { return bf16_to_float(p[i]); }
+__device__ __forceinline__ void store(unsigned short* p, long long i, float x) { p[i] = float_to_bf16(x); }
 
 template <typename T>
 __device__ void adamw(T* param, const T* grad, float* exp_avg, float* exp_avg_sq, long long n,
@@ -56,7 +51,8 @@ extern "C" __global__ void adamw_bf16(unsigned short* p, const unsigned short* g
     long long n, float decay, float w1, float w2, float step_size, float bias2_sqrt, float eps, float coef) {
     adamw(p, g, m, v, n, decay, w1, w2, step_size, bias2_sqrt, eps, coef);
 }
-"#;
+"#
+);
 
 /// The step's scalars, computed on the host.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -7,6 +7,22 @@
 //! device pointers of tch tensors.
 #![allow(unsafe_code)]
 
+/// CUDA C shared by the kernel sources: bf16 ↔ f32 with bf16 held as `unsigned short` (NVRTC
+/// compiles without CUDA's headers), rounding to nearest even as libtorch does, NaN kept NaN.
+macro_rules! bf16_helpers {
+    () => {
+        r#"
+__device__ __forceinline__ float bf16_to_float(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
+__device__ __forceinline__ unsigned short float_to_bf16(float x) {
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+"#
+    };
+}
+
 mod adamw;
 mod softmax;
 

@@ -14,15 +14,10 @@ const SOURCE_NAME: &str = "trainq_softmax.cu";
 /// (source name, source, one of its kernels), for [`super::unavailable`].
 pub(super) const SOURCE_NAME_AND_KERNEL: (&str, &str, &str) = (SOURCE_NAME, SOURCE, "softmax_rows_bf16");
 
-const SOURCE: &str = r#"
+const SOURCE: &str = concat!(
+    bf16_helpers!(),
+    r#"
 #define NEG_INF __int_as_float(0xff800000)
-__device__ __forceinline__ float bf16_to_float(unsigned short x) { return __uint_as_float(((unsigned int)x) << 16); }
-__device__ __forceinline__ unsigned short float_to_bf16(float x) {
-    unsigned int u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
-}
 
 // (m, s) of a running log-sum-exp: max and sum of exp(x - max).
 __device__ __forceinline__ void combine(float& m, float& s, float m2, float s2) {
@@ -91,7 +86,8 @@ extern "C" __global__ void __launch_bounds__(1024) onehot_minus_scaled_bf16(unsi
         p[i] = float_to_bf16(d);
     }
 }
-"#;
+"#
+);
 
 /// Checks the shapes the kernels assume: `rows` (C, V) bf16 contiguous on CUDA, `targets` (C,)
 /// i64 and `per_row` (C,) f32, contiguous on the same device. Returns (ordinal, C, V).
