@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use trainq::checkpoint::{upload_checkpoint, CheckpointFormat, Store, StoreOptions, UploadOptions};
+use trainq_queue::storage::{upload_checkpoint, CheckpointFormat, Store, StoreOptions, UploadOptions};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -35,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let uploaded = runtime.block_on(upload_checkpoint(
         &store,
         "bench",
-        1,
+        trainq_queue::StepNumber(1),
         CheckpointFormat::HfFull,
         std::path::Path::new(dir),
         &upload_options(),
@@ -43,7 +43,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ))?;
     let seconds = started.elapsed().as_secs_f64();
     let mb_per_s = uploaded.total_bytes as f64 / 1e6 / seconds;
-    println!(r#"{{"client": "trainq", "bytes": {}, "seconds": {seconds:.3}, "mb_per_s": {mb_per_s:.1}}}"#, uploaded.total_bytes);
+    println!(
+        r#"{{"client": "trainq", "bytes": {}, "seconds": {seconds:.3}, "mb_per_s": {mb_per_s:.1}}}"#,
+        uploaded.total_bytes
+    );
     Ok(())
 }
 

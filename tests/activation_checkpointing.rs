@@ -2,10 +2,10 @@
 //! backward: tiny Qwen3 in f32, LoRA and full fine-tune, packed micro-batches, KL reference on.
 
 use tch::{Device, Kind, Tensor};
-use trainq::config::{LoraConfig, TrainConfig};
-use trainq::model::{tiny_qwen3_config, BatchSummary, Policy};
-use trainq::tokenize::{pack, MicroBatch, PackItem, TokenizedTrajectory};
-use trainq::train::Trainer;
+use trainq_engine::model::{tiny_qwen3_config, BatchSummary, Policy};
+use trainq_engine::tokenize::{pack, MicroBatch, PackItem, TokenizedTrajectory};
+use trainq_engine::train::Trainer;
+use trainq_queue::config::{LoraConfig, TrainConfig};
 
 const VOCAB: i64 = 50;
 

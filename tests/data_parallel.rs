@@ -6,11 +6,11 @@ use std::sync::Mutex;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
-use trainq::config::{LoraConfig, LossNormalization, TrainConfig};
-use trainq::dist::{local_group, split_by_tokens, Collective};
-use trainq::model::{tiny_qwen3_config, Policy};
-use trainq::tokenize::{pack, MicroBatch, PackItem, TokenizedTrajectory};
-use trainq::train::{data_parallel_step, RankGroup, RankReplica, StepMetrics, Trainer};
+use trainq_engine::collective::{local_group, split_by_tokens, Collective};
+use trainq_engine::model::{tiny_qwen3_config, Policy};
+use trainq_engine::tokenize::{pack, MicroBatch, PackItem, TokenizedTrajectory};
+use trainq_engine::train::{data_parallel_step, RankGroup, RankReplica, StepMetrics, Trainer};
+use trainq_queue::config::{LoraConfig, LossNormalization, TrainConfig};
 
 const VOCAB: i64 = 96;
 const SEED: i64 = 7;
@@ -18,7 +18,10 @@ const STEPS: usize = 2;
 const TOLERANCE: f64 = 1e-5;
 
 fn config(normalization: LossNormalization) -> TrainConfig {
-    let mut cfg = TrainConfig { lora: Some(LoraConfig { rank: 4, alpha: 8.0, ..LoraConfig::default() }), ..TrainConfig::default() };
+    let mut cfg = TrainConfig {
+        lora: Some(LoraConfig { rank: 4, alpha: 8.0, ..LoraConfig::default() }),
+        ..TrainConfig::default()
+    };
     cfg.loss.normalization = normalization;
     cfg.optimizer.learning_rate = 1e-2;
     // With the default eps AdamW's first steps move each weight by ±lr whatever the gradient's
@@ -67,7 +70,8 @@ struct Outcome {
 }
 
 fn outcome(policy: &Policy, metrics: Vec<StepMetrics>) -> Outcome {
-    let weights: Vec<(String, Tensor)> = policy.lora_variables().into_iter().map(|(n, t)| (n, t.detach().copy())).collect();
+    let weights: Vec<(String, Tensor)> =
+        policy.lora_variables().into_iter().map(|(n, t)| (n, t.detach().copy())).collect();
     let grads = policy.trainable_variables().iter().map(|t| t.grad().copy()).collect();
     Outcome { weights, grads, metrics }
 }
@@ -91,8 +95,9 @@ fn data_parallel(cfg: &TrainConfig, batches: &[MicroBatch], split: &[Vec<usize>]
             let cfg = cfg.clone();
             std::thread::spawn(move || {
                 let mut trainer = Trainer::new(&cfg, Device::Cpu);
-                let metrics =
-                    (0..STEPS).map(|_| data_parallel_step(&collective, &mut trainer, &mut policy, &mine).unwrap()).collect();
+                let metrics = (0..STEPS)
+                    .map(|_| data_parallel_step(&collective, &mut trainer, &mut policy, &mine).unwrap())
+                    .collect();
                 outcome(&policy, metrics)
             })
         })
@@ -109,7 +114,8 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 fn assert_same_as_single_rank(expected: &Outcome, ranks: &[Outcome]) {
-    let moved = expected.weights.iter().filter(|(n, t)| n.contains("lora_A") || max_abs_diff(t, &t.zeros_like()) > 0.0).count();
+    let moved =
+        expected.weights.iter().filter(|(n, t)| n.contains("lora_A") || max_abs_diff(t, &t.zeros_like()) > 0.0).count();
     assert_eq!(moved, expected.weights.len(), "every LoRA B must have moved away from zero");
     for (rank, got) in ranks.iter().enumerate() {
         for ((name, want), (_, have)) in expected.weights.iter().zip(&got.weights) {
@@ -126,11 +132,13 @@ fn assert_same_as_single_rank(expected: &Outcome, ranks: &[Outcome]) {
                 && close(want.grad_norm, have.grad_norm)
                 && close(want.clip_fraction, have.clip_fraction)
                 && close(want.mean_ratio, have.mean_ratio)
-                && (want.tokens, want.sequences, want.micro_batches) == (have.tokens, have.sequences, have.micro_batches);
+                && (want.tokens, want.sequences, want.micro_batches)
+                    == (have.tokens, have.sequences, have.micro_batches);
             assert!(same, "rank {rank} step {step}: metrics {have:?} differ from one rank's {want:?}");
         }
     }
-    let clipped = expected.metrics.iter().all(|m| m.grad_norm > config(LossNormalization::TokenMean).optimizer.max_grad_norm);
+    let clipped =
+        expected.metrics.iter().all(|m| m.grad_norm > config(LossNormalization::TokenMean).optimizer.max_grad_norm);
     assert!(clipped, "the test should exercise clipping: {:?}", expected.metrics);
     assert!(expected.metrics[1].clip_fraction > 0.0, "the test should exercise ratio clipping");
 }
@@ -172,9 +180,11 @@ fn a_rank_group_trains_like_one_rank_and_reports_rank_zero_metrics() {
             let policy = replica(&cfg);
             if c.rank() > 0 {
                 // As if each GPU had drawn its own LoRA A: the group must start from rank 0's.
-                tch::no_grad(|| policy.trainable_variables().iter().for_each(|t| {
-                    let _ = t.detach().g_add_scalar_(0.1 * c.rank() as f64);
-                }));
+                tch::no_grad(|| {
+                    policy.trainable_variables().iter().for_each(|t| {
+                        let _ = t.detach().g_add_scalar_(0.1 * c.rank() as f64);
+                    })
+                });
             }
             RankReplica { policy, trainer: Trainer::new(&cfg, Device::Cpu), collective: Box::new(c) }
         })

@@ -8,11 +8,11 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tch::{Device, Kind, Tensor};
-use trainq::config::{LossConfig, LossKind, LossNormalization, RatioLevel, TrainConfig};
-use trainq::model::loss::{policy_loss, LossInputs};
-use trainq::tokenize::{pack, MicroBatch, PackItem, TokenizedTrajectory};
-use trainq::train::{PolicyModel, Trainer};
-use trainq::Result;
+use trainq_engine::model::loss::{policy_loss, LossInputs};
+use trainq_engine::tokenize::{pack, MicroBatch, PackItem, TokenizedTrajectory};
+use trainq_engine::train::{PolicyModel, Trainer};
+use trainq_engine::Result;
+use trainq_queue::config::{LossConfig, LossKind, LossNormalization, RatioLevel, TrainConfig};
 
 const VOCAB: i64 = 7;
 const DIM: i64 = 5;
@@ -119,7 +119,16 @@ fn loss_configs() -> Vec<(LossConfig, bool)> {
         (LossConfig { epsilon_high: Some(0.28), kl_coef: 0.1, ..base.clone() }, true),
         (LossConfig { kind: LossKind::Cispo, ..base.clone() }, false),
         (LossConfig { ratio_level: RatioLevel::Sequence, normalization: seq_mean, ..base.clone() }, false),
-        (LossConfig { kind: LossKind::Cispo, ratio_level: RatioLevel::Sequence, kl_coef: 0.05, normalization: seq_mean, ..base.clone() }, true),
+        (
+            LossConfig {
+                kind: LossKind::Cispo,
+                ratio_level: RatioLevel::Sequence,
+                kl_coef: 0.05,
+                normalization: seq_mean,
+                ..base.clone()
+            },
+            true,
+        ),
         (LossConfig { kl_coef: 0.2, normalization: seq_mean, ..base }, true),
     ]
 }
@@ -166,8 +175,14 @@ fn loss_gradients_match_pytorch_for_ppo_cispo_gspo_kl_and_sequence_mean() {
         };
         let mut w = weight.detach().copy().set_requires_grad(true);
         let logp = d.x.matmul(&w).log_softmax(-1, Kind::Float).gather(1, &d.targets.unsqueeze(1), false).squeeze_dim(1);
-        let reference = with_kl.then(|| d.x.matmul(&reference_w).log_softmax(-1, Kind::Float).gather(1, &d.targets.unsqueeze(1), false).squeeze_dim(1));
-        let (sampler, advantages) = (on_device(Tensor::from_slice(&d.sampler)), on_device(Tensor::from_slice(&d.advantages)));
+        let reference = with_kl.then(|| {
+            d.x.matmul(&reference_w)
+                .log_softmax(-1, Kind::Float)
+                .gather(1, &d.targets.unsqueeze(1), false)
+                .squeeze_dim(1)
+        });
+        let (sampler, advantages) =
+            (on_device(Tensor::from_slice(&d.sampler)), on_device(Tensor::from_slice(&d.advantages)));
         let (mask, seq) = (on_device(Tensor::from_slice(&d.mask)), on_device(Tensor::from_slice(&d.sequence_index)));
         let inputs = LossInputs {
             logprobs: &logp,
@@ -180,7 +195,8 @@ fn loss_gradients_match_pytorch_for_ppo_cispo_gspo_kl_and_sequence_mean() {
         };
         let out = policy_loss(&inputs, &cfg, normalizer).unwrap();
         out.loss.backward();
-        let parts = [&out.loss, &out.policy_loss, &out.kl, &out.clipped_tokens, &out.ratio_sum, &out.tokens].map(|t| t.double_value(&[]));
+        let parts = [&out.loss, &out.policy_loss, &out.kl, &out.clipped_tokens, &out.ratio_sum, &out.tokens]
+            .map(|t| t.double_value(&[]));
         ours.push((cfg.clone(), parts, floats(&w.grad())));
         w.zero_grad();
         cases.push(json!({
@@ -265,7 +281,7 @@ fn optimizer_steps_match_pytorch_adamw_with_clipping_and_accumulation() {
     for cfg in &configs {
         let mut model = LinearPolicy::new(11);
         let data = trajectories(&model);
-        let items: Vec<PackItem> = data.iter().map(|(t, a)| PackItem { trajectory: t, advantage: *a }).collect();
+        let items: Vec<PackItem<'_>> = data.iter().map(|(t, a)| PackItem { trajectory: t, advantage: *a }).collect();
         let batches = pack(&items, 14, 10).unwrap();
         assert!(batches.len() >= 2, "gradient accumulation over several micro-batches");
         let embed = floats(&model.embed).chunks(DIM as usize).map(|r| r.to_vec()).collect::<Vec<_>>();
@@ -275,7 +291,8 @@ fn optimizer_steps_match_pytorch_adamw_with_clipping_and_accumulation() {
             "batches": batches.iter().map(batch_json).collect::<Vec<_>>(),
         }));
         let mut trainer = Trainer::new(cfg, test_device());
-        let steps: Vec<_> = (0..STEPS).map(|_| (trainer.step(&mut model, &batches).unwrap(), floats(&model.weight))).collect();
+        let steps: Vec<_> =
+            (0..STEPS).map(|_| (trainer.step(&mut model, &batches).unwrap(), floats(&model.weight))).collect();
         ours.push(steps);
     }
     let reference = run_reference(&json!({"loss_cases": [], "trainers": specs}));
@@ -285,7 +302,11 @@ fn optimizer_steps_match_pytorch_adamw_with_clipping_and_accumulation() {
             assert_close(metrics.grad_norm, &t["grad_norm"], 1e-5, &format!("config {k} step {i} grad norm"));
             assert_all_close(w, &t["w"], 1e-5, &format!("config {k} step {i} W"));
         }
-        assert!(steps[0].0.grad_norm > configs[k].optimizer.max_grad_norm, "config {k}: clipping is exercised ({:?})", steps[0].0);
+        assert!(
+            steps[0].0.grad_norm > configs[k].optimizer.max_grad_norm,
+            "config {k}: clipping is exercised ({:?})",
+            steps[0].0
+        );
     }
 }
 

@@ -6,8 +6,8 @@ mod reference;
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
-use trainq::config::LoraConfig;
-use trainq::model::{tiny_qwen3_config, HfConfig, Policy};
+use trainq_engine::model::{tiny_qwen3_config, HfConfig, Policy};
+use trainq_queue::config::LoraConfig;
 
 use reference::{max_abs_diff, tensor, TOLERANCE};
 

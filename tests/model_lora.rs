@@ -6,9 +6,9 @@ mod reference;
 use std::path::Path;
 
 use tch::{Device, Kind, Tensor};
-use trainq::checkpoint::{hf, peft};
-use trainq::config::LoraConfig;
-use trainq::model::{tiny_qwen3_config, Policy};
+use trainq_engine::checkpoint::{hf, peft};
+use trainq_engine::model::{tiny_qwen3_config, Policy};
+use trainq_queue::config::LoraConfig;
 
 use reference::{max_abs_diff, tensor, TOLERANCE};
 
@@ -60,7 +60,8 @@ fn an_adapter_saved_by_us_loads_in_peft_and_gives_our_logits() {
 #[test]
 fn an_adapter_saved_by_peft_loads_here_and_gives_peft_logits() {
     let dir = reference::dir();
-    let policy = peft::load_policy_with_adapter(&dir.join("qwen3"), &dir.join("qwen3_peft_adapter"), Device::Cpu).unwrap();
+    let policy =
+        peft::load_policy_with_adapter(&dir.join("qwen3"), &dir.join("qwen3_peft_adapter"), Device::Cpu).unwrap();
     let file = dir.join("qwen3_peft_reference.safetensors");
     let logits = policy.logits(&tensor(&file, "input_ids"), &tensor(&file, "position_ids")).unwrap();
     let diff = max_abs_diff(&logits, &tensor(&file, "logits"));
@@ -70,7 +71,8 @@ fn an_adapter_saved_by_peft_loads_here_and_gives_peft_logits() {
 #[test]
 fn disabling_lora_gives_the_base_model_and_only_adapters_get_gradients() {
     let dir = reference::dir();
-    let policy = peft::load_policy_with_adapter(&dir.join("qwen3"), &dir.join("qwen3_peft_adapter"), Device::Cpu).unwrap();
+    let policy =
+        peft::load_policy_with_adapter(&dir.join("qwen3"), &dir.join("qwen3_peft_adapter"), Device::Cpu).unwrap();
     let file = dir.join("qwen3_reference.safetensors");
     let (ids, pos, targets) = (tensor(&file, "input_ids"), tensor(&file, "position_ids"), tensor(&file, "targets"));
     let base = policy.with_lora_disabled(|p| p.token_logprobs(&ids, &pos, &targets).unwrap());
@@ -82,7 +84,10 @@ fn disabling_lora_gives_the_base_model_and_only_adapters_get_gradients() {
     assert!(trainable.iter().all(|(name, _)| name.contains(".lora_")));
     policy.token_logprobs(&ids, &pos, &targets).unwrap().sum(Kind::Float).backward();
     for (name, t) in &trainable {
-        assert!(t.grad().defined() && t.grad().abs().sum(Kind::Float).double_value(&[]) > 0.0, "{name} got no gradient");
+        assert!(
+            t.grad().defined() && t.grad().abs().sum(Kind::Float).double_value(&[]) > 0.0,
+            "{name} got no gradient"
+        );
     }
 }
 
@@ -116,11 +121,13 @@ fn unknown_lora_targets_and_mismatched_adapters_are_refused() {
 #[test]
 fn lora_gradients_through_chunked_log_probs_match_pytorch_on_a_packed_batch() {
     let dir = reference::dir();
-    let policy = peft::load_policy_with_adapter(&dir.join("qwen3"), &dir.join("qwen3_peft_adapter"), Device::Cpu).unwrap();
+    let policy =
+        peft::load_policy_with_adapter(&dir.join("qwen3"), &dir.join("qwen3_peft_adapter"), Device::Cpu).unwrap();
     let batch = dir.join("qwen3_reference.safetensors");
     let reference = dir.join("qwen3_peft_reference.safetensors");
     let get = |name: &str| tensor(&batch, name);
-    let lp = policy.token_logprobs(&get("packed_input_ids"), &get("packed_position_ids"), &get("packed_targets")).unwrap();
+    let lp =
+        policy.token_logprobs(&get("packed_input_ids"), &get("packed_position_ids"), &get("packed_targets")).unwrap();
     (lp * tensor(&reference, "coef")).sum(Kind::Float).backward();
     let trainable = policy.named_trainable_variables();
     assert_eq!(trainable.len(), 28);
@@ -135,7 +142,10 @@ fn lora_gradients_through_chunked_log_probs_match_pytorch_on_a_packed_batch() {
 /// chunked path, with `lm_head`'s gradient deferred to `finish_backward`) or through the full
 /// logits and autograd.
 fn full_fine_tune_grads(policy: &Policy, chunked: bool) -> Vec<(String, Tensor)> {
-    let (ids, pos) = (Tensor::from_slice(&[5i64, 17, 3, 40, 8, 2, 61, 9]).view([2, 4]), Tensor::from_slice(&[0i64, 1, 2, 3, 0, 1, 0, 1]).view([2, 4]));
+    let (ids, pos) = (
+        Tensor::from_slice(&[5i64, 17, 3, 40, 8, 2, 61, 9]).view([2, 4]),
+        Tensor::from_slice(&[0i64, 1, 2, 3, 0, 1, 0, 1]).view([2, 4]),
+    );
     let targets = Tensor::from_slice(&[17i64, 3, 40, -100, 2, -100, 9, 70]).view([2, 4]);
     let coef = Tensor::from_slice(&[0.5f32, -1.0, 2.0, 1.0, 0.25, 3.0, -0.75, 1.5]).view([2, 4]);
     for (_, v) in policy.named_trainable_variables() {

@@ -4,7 +4,7 @@
 mod reference;
 
 use tch::Device;
-use trainq::model::Policy;
+use trainq_engine::model::Policy;
 
 use reference::{max_abs_diff, tensor, TOLERANCE};
 

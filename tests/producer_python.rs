@@ -13,7 +13,7 @@ async fn the_psycopg_example_submits_groups_and_sees_a_bad_one_refused() {
     db.create_model("m1").await;
     let producer = TestRole::new(&db, "py", "trainq_producer").await;
     let output = tokio::process::Command::new(python)
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/producer.py"))
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/producer.py"))
         .args(["--model", "m1", "--groups", "3", "--policy-version", "0"])
         .env("DATABASE_URL", db.url(Some(&producer.name)))
         .output()
@@ -27,11 +27,11 @@ async fn the_psycopg_example_submits_groups_and_sees_a_bad_one_refused() {
     assert_eq!(out["refused"]["sqlstate"], "TQ005");
     assert_eq!(out["refused"]["message"], "trajectory 1: field \"reward\" must be finite, got \"NaN\"");
     assert_eq!(out["latest_checkpoint"], serde_json::Value::Null);
-    let stored: Vec<(Uuid, i32, Option<i64>, String)> = sqlx::query_as(
-        "SELECT id, reward_count, policy_version, submitted_by::text FROM trainq.groups ORDER BY id")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
+    let stored: Vec<(Uuid, i32, Option<i64>, String)> =
+        sqlx::query_as("SELECT id, reward_count, policy_version, submitted_by::text FROM trainq.groups ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(stored.iter().map(|r| r.0).collect::<Vec<_>>(), ids);
     assert!(stored.iter().all(|r| r.1 == 4 && r.2 == Some(0) && r.3 == producer.name));
 }

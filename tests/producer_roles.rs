@@ -6,10 +6,10 @@ mod common;
 
 use common::db::{chat_group, insert_groups, TestDb, TestRole};
 use sqlx::PgPool;
-use trainq::db::{self, ClaimParams};
-use uuid::Uuid;
+use trainq_queue::db::{self, ClaimParams};
+use trainq_queue::GroupId;
 
-async fn insert_returning_id(pool: &PgPool) -> Uuid {
+async fn insert_returning_id(pool: &PgPool) -> GroupId {
     sqlx::query_scalar("INSERT INTO trainq.groups (model, trajectories, policy_version, metadata) VALUES ('m1', $1, 0, '{\"a\": 1}') RETURNING id")
         .bind(chat_group(&[0.0, 1.0]))
         .fetch_one(pool)
@@ -28,27 +28,37 @@ fn assert_denied(result: Result<sqlx::postgres::PgQueryResult, sqlx::Error>, wha
 async fn a_producer_inserts_and_submits_and_sees_only_its_own_groups() {
     let db = TestDb::new().await;
     db.create_model("m1").await;
-    let (alice, bob) = (TestRole::new(&db, "alice", "trainq_producer").await, TestRole::new(&db, "bob", "trainq_producer").await);
+    let (alice, bob) =
+        (TestRole::new(&db, "alice", "trainq_producer").await, TestRole::new(&db, "bob", "trainq_producer").await);
     let (as_alice, as_bob) = (db.connect_as(Some(&alice.name), 2).await, db.connect_as(Some(&bob.name), 2).await);
     let a1 = insert_returning_id(&as_alice).await;
-    let a2: Uuid = sqlx::query_scalar("SELECT trainq.submit_group('m1', $1, policy_version => 0)")
+    let a2: GroupId = sqlx::query_scalar("SELECT trainq.submit_group('m1', $1, policy_version => 0)")
         .bind(chat_group(&[1.0, 0.5]))
         .fetch_one(&as_alice)
         .await
         .unwrap();
     let b1 = insert_returning_id(&as_bob).await;
-    let mine: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM trainq.groups ORDER BY id").fetch_all(&as_alice).await.unwrap();
+    let mine: Vec<GroupId> =
+        sqlx::query_scalar("SELECT id FROM trainq.groups ORDER BY id").fetch_all(&as_alice).await.unwrap();
     assert_eq!(mine, vec![a1, a2]);
-    let owners: Vec<String> = sqlx::query_scalar("SELECT submitted_by::text FROM trainq.groups ORDER BY id").fetch_all(&db.pool).await.unwrap();
+    let owners: Vec<String> = sqlx::query_scalar("SELECT submitted_by::text FROM trainq.groups ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(owners, vec![alice.name.clone(), alice.name.clone(), bob.name.clone()]);
     // Bob's group is invisible to Alice, through the table and through group_status.
-    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM trainq.groups WHERE id = $1").bind(b1).fetch_one(&as_alice).await.unwrap();
+    let seen: i64 = sqlx::query_scalar("SELECT count(*) FROM trainq.groups WHERE id = $1")
+        .bind(b1)
+        .fetch_one(&as_alice)
+        .await
+        .unwrap();
     assert_eq!(seen, 0);
     assert_eq!(db::group_status(&as_alice, b1).await.unwrap(), None);
     assert_eq!(db::group_status(&as_bob, b1).await.unwrap().unwrap().state, "pending");
     assert_eq!(db::group_status(&as_alice, a2).await.unwrap().unwrap().reward_std, Some(0.25));
     // latest_checkpoint is open to producers (no row before the first step).
-    let latest: Option<i64> = sqlx::query_scalar("SELECT step FROM trainq.latest_checkpoint('m1')").fetch_optional(&as_alice).await.unwrap();
+    let latest: Option<i64> =
+        sqlx::query_scalar("SELECT step FROM trainq.latest_checkpoint('m1')").fetch_optional(&as_alice).await.unwrap();
     assert_eq!(latest, None);
 }
 
@@ -78,7 +88,11 @@ async fn a_producer_cannot_update_delete_read_payloads_or_touch_other_tables() {
     for (what, sql) in &denied {
         assert_denied(sqlx::query(sql).execute(&pool).await, what);
     }
-    let claim = db::claim_groups(&pool, &ClaimParams { model: "m1".into(), worker_id: "p".into(), limit: 1, lease_seconds: 9.0, now: None }).await;
+    let claim = db::claim_groups(
+        &pool,
+        &ClaimParams { model: "m1".into(), worker_id: "p".into(), limit: 1, lease_seconds: 9.0, now: None },
+    )
+    .await;
     assert!(claim.is_err(), "a producer cannot claim");
     let state: String = sqlx::query_scalar("SELECT state::text FROM trainq.groups").fetch_one(&db.pool).await.unwrap();
     assert_eq!(state, "pending");
@@ -92,12 +106,27 @@ async fn a_worker_role_runs_the_queue() {
     insert_groups(&db.pool, "m1", 3).await;
     let worker = TestRole::new(&db, "worker", "trainq_worker").await;
     let pool = db.connect_as(Some(&worker.name), 2).await;
-    let claim = db::claim_groups(&pool, &ClaimParams { model: "m1".into(), worker_id: "w".into(), limit: 2, lease_seconds: 60.0, now: None }).await.unwrap();
+    let claim = db::claim_groups(
+        &pool,
+        &ClaimParams { model: "m1".into(), worker_id: "w".into(), limit: 2, lease_seconds: 60.0, now: None },
+    )
+    .await
+    .unwrap();
     assert_eq!(claim.groups.len(), 2);
     db::extend_lease(&pool, claim.token, 60.0).await.unwrap();
-    let ids: Vec<Uuid> = claim.groups.iter().map(|g| g.id).collect();
+    let ids: Vec<GroupId> = claim.groups.iter().map(|g| g.id).collect();
     db::fail_groups(&pool, claim.token, &ids, "test").await.unwrap();
-    db::register_worker(&pool, &db::WorkerInfo { id: "w".into(), host: "h".into(), model: Some("m1".into()), devices: serde_json::json!(["cpu"]) }).await.unwrap();
+    db::register_worker(
+        &pool,
+        &db::WorkerInfo {
+            id: "w".into(),
+            host: "h".into(),
+            model: Some("m1".into()),
+            devices: serde_json::json!(["cpu"]),
+        },
+    )
+    .await
+    .unwrap();
     db::heartbeat_worker(&pool, "w").await.unwrap();
     assert_eq!(db::rescue_expired(&pool, None).await.unwrap().returned, 0);
     let counts = db::queue_counts(&pool, None).await.unwrap();

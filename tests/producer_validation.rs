@@ -6,7 +6,7 @@ mod common;
 
 use common::db::{chat_group, chat_trajectory, TestDb};
 use serde_json::{json, Value};
-use trainq::db::{self, sqlstate};
+use trainq_queue::db::{self, sqlstate};
 
 /// A model with small limits (4 trajectories, 4 KiB) and current step 2.
 async fn setup() -> TestDb {
@@ -106,14 +106,16 @@ async fn every_bad_input_is_refused_with_its_sqlstate_and_message_and_nothing_is
     let cases = cases();
     assert!(cases.len() >= 25);
     for c in &cases {
-        let err = sqlx::query("INSERT INTO trainq.groups (model, trajectories, policy_version, metadata) VALUES ($1, $2, $3, $4)")
-            .bind(c.model)
-            .bind(&c.trajectories)
-            .bind(c.policy_version)
-            .bind(&c.metadata)
-            .execute(&db.pool)
-            .await
-            .expect_err(c.name);
+        let err = sqlx::query(
+            "INSERT INTO trainq.groups (model, trajectories, policy_version, metadata) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(c.model)
+        .bind(&c.trajectories)
+        .bind(c.policy_version)
+        .bind(&c.metadata)
+        .execute(&db.pool)
+        .await
+        .expect_err(c.name);
         let db_err = err.as_database_error().unwrap_or_else(|| panic!("{}: {err}", c.name));
         assert_eq!(db_err.code().as_deref(), Some(c.code), "{}: {}", c.name, db_err.message());
         assert!(db_err.message().contains(c.message), "{}: got {:?}, want {:?}", c.name, db_err.message(), c.message);
@@ -150,11 +152,16 @@ async fn one_bad_row_refuses_the_whole_multi_row_insert() {
 #[tokio::test]
 async fn submit_group_reports_the_same_errors_through_the_rust_api() {
     let db = setup().await;
-    let group = db::NewGroup { model: "m1".into(), trajectories: json!([{"reward": "NaN"}]), policy_version: None, metadata: json!({}) };
+    let group = db::NewGroup {
+        model: "m1".into(),
+        trajectories: json!([{"reward": "NaN"}]),
+        policy_version: None,
+        metadata: json!({}),
+    };
     let err = db::submit_group(&db.pool, &group).await.unwrap_err();
     let text = err.to_string();
     assert!(text.contains("submit group to model \"m1\"") && text.contains("must be finite"), "{text}");
-    let trainq::Error::Database { source, .. } = &err else { panic!("{err}") };
+    let trainq_queue::Error::Database { source, .. } = &err else { panic!("{err}") };
     assert_eq!(sqlstate::code_of(source).as_deref(), Some(sqlstate::REWARD_NOT_FINITE));
 }
 
@@ -174,13 +181,17 @@ async fn good_groups_of_every_form_are_stored_with_their_reward_statistics() {
         "tools": [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}],
         "reward": 3, "metrics": {"turns": 2}, "metadata": {"seed": 1}
     });
-    let pretokenized = json!({"prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "logprobs": [-0.5, -1.5], "reward": 1});
-    let id = db::submit_group(&db.pool, &db::NewGroup {
-        model: "m1".into(),
-        trajectories: json!([tool_chat, pretokenized, chat_trajectory(2.0)]),
-        policy_version: Some(2),
-        metadata: json!({"env": "weather"}),
-    })
+    let pretokenized =
+        json!({"prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "logprobs": [-0.5, -1.5], "reward": 1});
+    let id = db::submit_group(
+        &db.pool,
+        &db::NewGroup {
+            model: "m1".into(),
+            trajectories: json!([tool_chat, pretokenized, chat_trajectory(2.0)]),
+            policy_version: Some(2),
+            metadata: json!({"env": "weather"}),
+        },
+    )
     .await
     .unwrap();
     let row: (i32, f64, f64, i32, String) = sqlx::query_as(
@@ -190,8 +201,12 @@ async fn good_groups_of_every_form_are_stored_with_their_reward_statistics() {
     assert_eq!((row.0, row.1, row.3), (3, 2.0, 3));
     assert!((row.2 - (2.0f64 / 3.0).sqrt()).abs() < 1e-12);
     assert_eq!(row.4, "postgres");
-    let rewards: Vec<f64> = sqlx::query_scalar("SELECT reward FROM trainq.trajectories WHERE group_id = $1 ORDER BY index")
-        .bind(id).fetch_all(&db.pool).await.unwrap();
+    let rewards: Vec<f64> =
+        sqlx::query_scalar("SELECT reward FROM trainq.trajectories WHERE group_id = $1 ORDER BY index")
+            .bind(id)
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(rewards, vec![3.0, 1.0, 2.0]);
     let status = db::group_status(&db.pool, id).await.unwrap().unwrap();
     assert_eq!((status.state.as_str(), status.model.as_str()), ("pending", "m1"));
@@ -207,7 +222,8 @@ async fn copy_and_multi_row_insert_go_through_the_same_validation() {
         .await
         .unwrap();
     let mut conn = db.pool.acquire().await.unwrap();
-    let mut copy = conn.copy_in_raw("COPY trainq.groups (model, trajectories, policy_version) FROM STDIN").await.unwrap();
+    let mut copy =
+        conn.copy_in_raw("COPY trainq.groups (model, trajectories, policy_version) FROM STDIN").await.unwrap();
     let line = format!("m1\t{}\t1\n", chat_group(&[0.25, 0.75]));
     copy.send(line.as_bytes()).await.unwrap();
     assert_eq!(copy.finish().await.unwrap(), 1);
@@ -216,7 +232,8 @@ async fn copy_and_multi_row_insert_go_through_the_same_validation() {
     let err = bad.finish().await.unwrap_err();
     assert_eq!(err.as_database_error().unwrap().code().as_deref(), Some(sqlstate::REWARD_NOT_NUMBER));
     drop(conn);
-    let stds: Vec<f64> = sqlx::query_scalar("SELECT reward_std FROM trainq.groups ORDER BY id").fetch_all(&db.pool).await.unwrap();
+    let stds: Vec<f64> =
+        sqlx::query_scalar("SELECT reward_std FROM trainq.groups ORDER BY id").fetch_all(&db.pool).await.unwrap();
     assert_eq!(stds, vec![0.5, 0.0, 0.25]);
 }
 
@@ -230,11 +247,17 @@ async fn a_valid_group_that_the_fast_path_flags_is_still_stored() {
         "logprobs": [-1.0],
         "reward": 1
     }]);
-    let flagged: bool = sqlx::query_scalar("SELECT trainq.group_may_be_invalid($1)").bind(&group).fetch_one(&db.pool).await.unwrap();
+    let flagged: bool =
+        sqlx::query_scalar("SELECT trainq.group_may_be_invalid($1)").bind(&group).fetch_one(&db.pool).await.unwrap();
     assert!(flagged);
-    sqlx::query("INSERT INTO trainq.groups (model, trajectories) VALUES ('m1', $1)").bind(&group).execute(&db.pool).await.unwrap();
+    sqlx::query("INSERT INTO trainq.groups (model, trajectories) VALUES ('m1', $1)")
+        .bind(&group)
+        .execute(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(db.group_count().await, 1);
     let typical = chat_group(&[0.0, 1.0]);
-    let flagged: bool = sqlx::query_scalar("SELECT trainq.group_may_be_invalid($1)").bind(&typical).fetch_one(&db.pool).await.unwrap();
+    let flagged: bool =
+        sqlx::query_scalar("SELECT trainq.group_may_be_invalid($1)").bind(&typical).fetch_one(&db.pool).await.unwrap();
     assert!(!flagged, "a typical valid group takes the fast path");
 }

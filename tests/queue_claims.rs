@@ -11,16 +11,17 @@ use chrono::{SubsecRound, TimeDelta, Utc};
 use common::db::{chat_group, insert_groups, TestDb};
 use serde_json::json;
 use tokio::sync::Barrier;
-use trainq::db::{self, CheckpointRecord, ClaimParams, StepRecord};
-use trainq::rl::{SkipReason, SkippedGroup};
-use trainq::Error;
-use uuid::Uuid;
+use trainq_queue::db::{self, CheckpointRecord, ClaimParams, StepRecord};
+use trainq_queue::rl::{SkipReason, SkippedGroup};
+use trainq_queue::Error;
+use trainq_queue::GroupId;
+use trainq_queue::StepNumber;
 
 fn params(model: &str, worker: &str, limit: i64) -> ClaimParams {
     ClaimParams { model: model.into(), worker_id: worker.into(), limit, lease_seconds: 60.0, now: None }
 }
 
-async fn state_of(db: &TestDb, id: Uuid) -> (String, i32, Option<String>) {
+async fn state_of(db: &TestDb, id: GroupId) -> (String, i32, Option<String>) {
     sqlx::query_as("SELECT state::text, attempts, error FROM trainq.groups WHERE id = $1")
         .bind(id)
         .fetch_one(&db.pool)
@@ -58,10 +59,11 @@ async fn eight_concurrent_claimers_claim_each_of_16000_groups_exactly_once() {
     }
     assert_eq!(total, 16_000, "every group claimed once in total");
     assert_eq!(seen.len(), 16_000, "no group claimed twice");
-    let claimed: i64 = sqlx::query_scalar("SELECT count(*) FROM trainq.groups WHERE state = 'claimed' AND claim_token IS NOT NULL")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let claimed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM trainq.groups WHERE state = 'claimed' AND claim_token IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(claimed, 16_000);
 }
 
@@ -69,12 +71,15 @@ async fn eight_concurrent_claimers_claim_each_of_16000_groups_exactly_once() {
 async fn a_claim_returns_groups_oldest_first_with_their_statistics() {
     let db = TestDb::new().await;
     db.create_model("m1").await;
-    let first = db::submit_group(&db.pool, &db::NewGroup {
-        model: "m1".into(),
-        trajectories: chat_group(&[1.0, 0.0, 0.0, 1.0]),
-        policy_version: Some(0),
-        metadata: json!({"scenario": "a"}),
-    })
+    let first = db::submit_group(
+        &db.pool,
+        &db::NewGroup {
+            model: "m1".into(),
+            trajectories: chat_group(&[1.0, 0.0, 0.0, 1.0]),
+            policy_version: Some(0),
+            metadata: json!({"scenario": "a"}),
+        },
+    )
     .await
     .unwrap();
     insert_groups(&db.pool, "m1", 2).await;
@@ -118,7 +123,7 @@ async fn a_stale_token_can_record_nothing() {
     let old = db::claim_groups(&db.pool, &params("m1", "slow", 10)).await.unwrap();
     db::rescue_expired(&db.pool, Some(Utc::now() + TimeDelta::seconds(120))).await.unwrap();
     let new = db::claim_groups(&db.pool, &params("m1", "fast", 10)).await.unwrap();
-    let ids: Vec<Uuid> = old.groups.iter().map(|g| g.id).collect();
+    let ids: Vec<GroupId> = old.groups.iter().map(|g| g.id).collect();
     let skip = vec![SkippedGroup { id: ids[0], reason: SkipReason::ZeroVariance, std: Some(0.0), detail: None }];
     assert!(matches!(db::skip_groups(&db.pool, old.token, &skip).await, Err(Error::LostClaim { .. })));
     assert!(matches!(db::fail_groups(&db.pool, old.token, &ids, "boom").await, Err(Error::LostClaim { .. })));
@@ -129,7 +134,7 @@ async fn a_stale_token_can_record_nothing() {
     // Nothing was written by the stale worker; the new claim still holds both groups.
     let steps: i64 = sqlx::query_scalar("SELECT count(*) FROM trainq.steps").fetch_one(&db.pool).await.unwrap();
     assert_eq!(steps, 0);
-    assert_eq!(db::get_model(&db.pool, "m1").await.unwrap().current_step, 0);
+    assert_eq!(db::get_model(&db.pool, "m1").await.unwrap().current_step, StepNumber(0));
     for id in &ids {
         assert_eq!(state_of(&db, *id).await.0, "claimed");
     }
@@ -142,7 +147,7 @@ async fn a_fenced_write_touching_one_lost_group_writes_none() {
     db.create_model("m1").await;
     insert_groups(&db.pool, "m1", 2).await;
     let claim = db::claim_groups(&db.pool, &params("m1", "w", 10)).await.unwrap();
-    let ids: Vec<Uuid> = claim.groups.iter().map(|g| g.id).collect();
+    let ids: Vec<GroupId> = claim.groups.iter().map(|g| g.id).collect();
     db::fail_groups(&db.pool, claim.token, &ids[..1], "bad group").await.unwrap();
     // ids[0] is finished now, so a skip of both must refuse and leave ids[1] claimed.
     let skips: Vec<SkippedGroup> =
@@ -161,12 +166,13 @@ async fn a_group_fails_after_max_attempts_expired_leases_with_the_error_kept() {
     insert_groups(&db.pool, "m1", 1).await;
     let mut clock = Utc::now();
     for attempt in 1..=2 {
-        let claim = db::claim_groups(&db.pool, &ClaimParams { now: Some(clock), ..params("m1", "w", 1) }).await.unwrap();
+        let claim =
+            db::claim_groups(&db.pool, &ClaimParams { now: Some(clock), ..params("m1", "w", 1) }).await.unwrap();
         assert_eq!(claim.groups.len(), 1, "attempt {attempt} claims the group");
         clock += TimeDelta::seconds(61);
         db::rescue_expired(&db.pool, Some(clock)).await.unwrap();
     }
-    let id: Uuid = sqlx::query_scalar("SELECT id FROM trainq.groups").fetch_one(&db.pool).await.unwrap();
+    let id: GroupId = sqlx::query_scalar("SELECT id FROM trainq.groups").fetch_one(&db.pool).await.unwrap();
     let (state, attempts, error) = state_of(&db, id).await;
     assert_eq!((state.as_str(), attempts), ("failed", 2));
     assert_eq!(error.as_deref(), Some("lease expired (attempt 2 of 2, worker w)"));
@@ -196,7 +202,7 @@ async fn unclaimed_groups_return_to_pending_without_counting_an_attempt_and_only
     for _ in 0..5 {
         let claim = db::claim_groups(&db.pool, &params("m1", "w", 1)).await.unwrap();
         let ids = [claim.groups[0].id];
-        let stranger = db::unclaim_groups(&db.pool, Uuid::now_v7(), &ids).await;
+        let stranger = db::unclaim_groups(&db.pool, trainq_queue::ClaimToken::new(), &ids).await;
         assert!(matches!(stranger, Err(Error::LostClaim { .. })), "{stranger:?}");
         db::unclaim_groups(&db.pool, claim.token, &ids).await.unwrap();
         assert_eq!(state_of(&db, ids[0]).await, ("pending".to_string(), 0, None));
@@ -206,7 +212,7 @@ async fn unclaimed_groups_return_to_pending_without_counting_an_attempt_and_only
 fn step_record(model: &str, step: i64, worker: &str, claimed: usize) -> StepRecord {
     StepRecord {
         model: model.into(),
-        step,
+        step: StepNumber(step),
         worker_id: worker.into(),
         async_weight_syncing: false,
         started_at: Utc::now().trunc_subsecs(6), // PostgreSQL keeps microseconds
@@ -240,11 +246,12 @@ async fn commit_step_records_everything_in_one_fenced_transaction_and_notifies()
     listener.listen("trainq_checkpoints").await.unwrap();
     let claim = db::claim_groups(&db.pool, &params("m1", "w", 2)).await.unwrap();
     let (trained, skipped) = (claim.groups[0].id, claim.groups[1].id);
-    let skip = SkippedGroup { id: skipped, reason: SkipReason::ZeroVariance, std: Some(0.0), detail: Some("all 1".into()) };
+    let skip =
+        SkippedGroup { id: skipped, reason: SkipReason::ZeroVariance, std: Some(0.0), detail: Some("all 1".into()) };
     let step = step_record("m1", 1, "w", 2);
     let ckpt = CheckpointRecord {
         model: "m1".into(),
-        step: 1,
+        step: StepNumber(1),
         uri: "file:///ckpt/m1/1/".into(),
         format: "peft_lora".into(),
         bytes: 1234,
@@ -255,15 +262,21 @@ async fn commit_step_records_everything_in_one_fenced_transaction_and_notifies()
     let note = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
     let payload: serde_json::Value = serde_json::from_str(note.payload()).unwrap();
     assert_eq!(payload, json!({"model": "m1", "step": 1, "uri": "file:///ckpt/m1/1/"}));
-    assert_eq!(db::get_model(&db.pool, "m1").await.unwrap().current_step, 1);
+    assert_eq!(db::get_model(&db.pool, "m1").await.unwrap().current_step, StepNumber(1));
     assert_eq!(db::list_steps(&db.pool, "m1", 10).await.unwrap(), vec![step]);
     assert_eq!(db::latest_checkpoint(&db.pool, "m1").await.unwrap(), Some(ckpt));
     let row: (String, Option<i64>) = sqlx::query_as("SELECT state::text, step FROM trainq.groups WHERE id = $1")
-        .bind(trained).fetch_one(&db.pool).await.unwrap();
+        .bind(trained)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
     assert_eq!(row, ("trained".into(), Some(1)));
-    let row: (String, String, Option<f64>, Option<String>) = sqlx::query_as(
-        "SELECT state::text, skip_reason::text, skip_std, skip_detail FROM trainq.groups WHERE id = $1")
-        .bind(skipped).fetch_one(&db.pool).await.unwrap();
+    let row: (String, String, Option<f64>, Option<String>) =
+        sqlx::query_as("SELECT state::text, skip_reason::text, skip_std, skip_detail FROM trainq.groups WHERE id = $1")
+            .bind(skipped)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(row, ("skipped".into(), "zero_variance".into(), Some(0.0), Some("all 1".into())));
     let counts = db::queue_counts(&db.pool, Some("m1")).await.unwrap();
     assert_eq!((counts[0].trained, counts[0].skipped.get("zero_variance").copied()), (1, Some(1)));
@@ -278,10 +291,19 @@ async fn the_heartbeat_keeps_a_lease_alive_and_reports_a_lost_claim() {
     let id = claim.groups[0].id;
     let lease = |pool: sqlx::PgPool| async move {
         sqlx::query_scalar::<_, chrono::DateTime<Utc>>("SELECT lease_expires_at FROM trainq.groups")
-            .fetch_one(&pool).await.unwrap()
+            .fetch_one(&pool)
+            .await
+            .unwrap()
     };
     let before = lease(db.pool.clone()).await;
-    let beat = trainq::queue::spawn_lease_heartbeat(db.pool.clone(), claim.token, 30.0, Duration::from_millis(20));
+    let on_lost = tokio_util::sync::CancellationToken::new();
+    let beat = trainq_queue::queue::spawn_lease_heartbeat(
+        db.pool.clone(),
+        claim.token,
+        30.0,
+        Duration::from_millis(20),
+        on_lost.clone(),
+    );
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while lease(db.pool.clone()).await < before + TimeDelta::seconds(20) {
         assert!(tokio::time::Instant::now() < deadline, "heartbeat never extended the lease");
@@ -293,6 +315,7 @@ async fn the_heartbeat_keeps_a_lease_alive_and_reports_a_lost_claim() {
         assert!(tokio::time::Instant::now() < deadline, "heartbeat never noticed the lost claim");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(on_lost.is_cancelled(), "a lost claim cancels the work done under it");
     assert!(matches!(beat.stop().await, Err(Error::LostClaim { .. })));
     assert_eq!(state_of(&db, id).await.0, "pending");
 }

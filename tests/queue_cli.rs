@@ -27,11 +27,27 @@ async fn models_are_created_listed_and_shown_with_their_config() {
     let db = TestDb::new().await;
     let out = trainq(&db, &["migrate"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let latest = trainq::db::MIGRATOR.iter().map(|m| m.version).max().expect("migrations embedded");
+    let latest = trainq_queue::db::MIGRATOR.iter().map(|m| m.version).max().expect("migrations embedded");
     let said = text(&out.stdout);
     assert!(said.contains(&format!("schema trainq is at migration {latest}")), "{said}");
-    let out = trainq(&db, &["model", "create", "qwen-small", "--base", "/models/qwen3", "--lora-rank", "16",
-        "--async-weight-syncing", "--max-staleness", "2", "--max-group-trajectories", "32"]).await;
+    let out = trainq(
+        &db,
+        &[
+            "model",
+            "create",
+            "qwen-small",
+            "--base",
+            "/models/qwen3",
+            "--lora-rank",
+            "16",
+            "--async-weight-syncing",
+            "--max-staleness",
+            "2",
+            "--max-group-trajectories",
+            "32",
+        ],
+    )
+    .await;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let out = trainq(&db, &["model", "create", "bad", "--base", "/b", "--lora-rank", "0"]).await;
     assert!(!out.status.success());

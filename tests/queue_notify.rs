@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use common::db::{chat_group, TestDb};
 use tokio::time::Instant;
-use trainq::db::{self, ClaimParams};
-use trainq::queue::GroupWaiter;
+use trainq_queue::db::{self, ClaimParams};
+use trainq_queue::queue::GroupWaiter;
 
 fn params() -> ClaimParams {
     ClaimParams { model: "m1".into(), worker_id: "w".into(), limit: 8, lease_seconds: 60.0, now: None }
@@ -70,7 +70,7 @@ async fn wait_for_groups_returns_at_once_when_groups_are_already_pending() {
     db.create_model("m1").await;
     submit(&db.pool, "m1").await;
     let started = Instant::now();
-    assert!(trainq::queue::wait_for_groups(&db.pool, "m1", Duration::from_secs(60)).await.unwrap());
+    assert!(trainq_queue::queue::wait_for_groups(&db.pool, "m1", Duration::from_secs(60)).await.unwrap());
     assert!(started.elapsed() < Duration::from_secs(30));
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use common::db::TestDb;
-use trainq::db::{get_rendezvous, join_rendezvous, publish_unique_id, wait_for_unique_id, PublishParams};
+use trainq_queue::db::{get_rendezvous, join_rendezvous, publish_unique_id, wait_for_unique_id, PublishParams};
 
 const MODEL: &str = "m1";
 /// Long enough for a waiting rank to see a publish on a loaded machine.

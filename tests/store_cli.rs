@@ -7,15 +7,23 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 use common::s3::{MotoServer, BUCKET};
-use trainq::checkpoint::{upload_checkpoint, CheckpointFormat, Store, UploadOptions};
+use trainq_queue::storage::{upload_checkpoint, CheckpointFormat, Store, UploadOptions};
 
 fn no_progress(_: u64) {}
 
 async fn upload(store: &Store, step: u64, dir: &Path) {
     let options = UploadOptions::default();
-    upload_checkpoint(store, "m", step, CheckpointFormat::PeftLora, dir, &options, &no_progress)
-        .await
-        .unwrap();
+    upload_checkpoint(
+        store,
+        "m",
+        trainq_queue::StepNumber(step as i64),
+        CheckpointFormat::PeftLora,
+        dir,
+        &options,
+        &no_progress,
+    )
+    .await
+    .unwrap();
 }
 
 /// Runs `trainq checkpoint fetch ARGS` with `env` added to the child's environment only.

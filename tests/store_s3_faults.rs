@@ -12,11 +12,11 @@ use common::checkpoint_files::{assert_same_files, peft_layout, write_checkpoint_
 use common::s3::MotoServer;
 use object_store::ObjectStoreExt;
 use tokio::sync::Notify;
-use trainq::checkpoint::{
-    fetch_checkpoint, latest_complete_step, list_checkpoints, upload_checkpoint, CheckpointFormat,
-    FetchOptions, FileRetry, Store, UploadOptions, UploadedCheckpoint,
+use trainq_queue::storage::{
+    fetch_checkpoint, latest_complete_step, list_checkpoints, upload_checkpoint, CheckpointFormat, FetchOptions,
+    FileRetry, Store, UploadOptions, UploadedCheckpoint,
 };
-use trainq::{Error, Result};
+use trainq_queue::{Error, Result, StepNumber};
 
 const MIB: usize = 1024 * 1024;
 
@@ -42,7 +42,7 @@ async fn start_slow_upload(store: Store, seed: u64, retry: FileRetry) -> SlowUpl
     let task = tokio::spawn(async move {
         let progress = move |_: u64| notify.notify_one();
         let options = slow_options(retry);
-        upload_checkpoint(&store, "m", 1, CheckpointFormat::PeftLora, &dir, &options, &progress).await
+        upload_checkpoint(&store, "m", StepNumber(1), CheckpointFormat::PeftLora, &dir, &options, &progress).await
     });
     started.notified().await;
     SlowUpload { _work: work, local, files, task }
@@ -61,7 +61,7 @@ fn slow_options(retry: FileRetry) -> UploadOptions {
 
 async fn assert_fetches_identically(store: &Store, local: &std::path::Path, files: &[(&str, usize)]) {
     let to = local.with_file_name("fetched");
-    fetch_checkpoint(store, "m", 1, &to, &FetchOptions::default(), &no_progress).await.unwrap();
+    fetch_checkpoint(store, "m", StepNumber(1), &to, &FetchOptions::default(), &no_progress).await.unwrap();
     assert_same_files(local, &to, files);
 }
 
@@ -75,14 +75,14 @@ async fn a_file_over_twenty_mib_goes_multipart_and_fetches_byte_identical() {
     write_checkpoint_dir(&local, &files, 11);
 
     let options = UploadOptions::default();
-    upload_checkpoint(&store, "m", 1, CheckpointFormat::PeftLora, &local, &options, &no_progress)
+    upload_checkpoint(&store, "m", StepNumber(1), CheckpointFormat::PeftLora, &local, &options, &no_progress)
         .await
         .unwrap();
-    let key = store.checkpoint_file("m", 1, "adapter_model.safetensors");
+    let key = store.checkpoint_file("m", StepNumber(1), "adapter_model.safetensors");
     let meta = store.object_store().head(&key).await.unwrap();
     let e_tag = meta.e_tag.unwrap_or_default();
     assert!(e_tag.trim_matches('"').ends_with("-2"), "two 16 MiB-max parts expected, e_tag {e_tag}");
-    let small = store.checkpoint_file("m", 1, "adapter_config.json");
+    let small = store.checkpoint_file("m", StepNumber(1), "adapter_config.json");
     let small_tag = store.object_store().head(&small).await.unwrap().e_tag.unwrap_or_default();
     assert!(!small_tag.contains('-'), "small files are single puts, e_tag {small_tag}");
     assert_fetches_identically(&store, &local, &files).await;
@@ -91,8 +91,7 @@ async fn a_file_over_twenty_mib_goes_multipart_and_fetches_byte_identical() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_to_a_server_that_stays_away_fails_clearly_without_manifest_and_a_retry_succeeds() {
     let server = MotoServer::start();
-    let impatient =
-        Store::open_with(&server.url("away"), &server.store_options(Duration::from_secs(1))).unwrap();
+    let impatient = Store::open_with(&server.url("away"), &server.store_options(Duration::from_secs(1))).unwrap();
     let retry = FileRetry { attempts: 2, first_backoff: Duration::from_millis(10) };
     let upload = start_slow_upload(impatient, 12, retry).await;
     server.pause();
@@ -110,16 +109,15 @@ async fn an_upload_to_a_server_that_stays_away_fails_clearly_without_manifest_an
     assert_eq!(latest_complete_step(&store, "m").await.unwrap(), None);
 
     let options = slow_options(FileRetry::default());
-    upload_checkpoint(&store, "m", 1, CheckpointFormat::PeftLora, &upload.local, &options, &no_progress)
+    upload_checkpoint(&store, "m", StepNumber(1), CheckpointFormat::PeftLora, &upload.local, &options, &no_progress)
         .await
         .unwrap();
-    assert_eq!(latest_complete_step(&store, "m").await.unwrap(), Some(1));
+    assert_eq!(latest_complete_step(&store, "m").await.unwrap(), Some(StepNumber(1)));
     assert_fetches_identically(&store, &upload.local, &upload.files).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_survives_the_server_restarting_on_the_same_port_within_the_retry_window() {
-    let _ = tracing_subscriber::fmt().with_env_filter("warn").with_test_writer().try_init();
     let mut server = MotoServer::start();
     let store = server.store("restart");
     let retry = FileRetry { attempts: 6, first_backoff: Duration::from_millis(200) };

@@ -6,10 +6,12 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use serde_json::{json, Value};
-use trainq::tokenize::{ChatTokenizer, TokenizeError, Trajectory};
+use trainq_engine::tokenize::{ChatTokenizer, TokenizeError, Trajectory};
 
 fn qwen3_dir() -> PathBuf {
-    PathBuf::from(std::env::var("TRAINQ_QWEN3_TOKENIZER").expect("TRAINQ_QWEN3_TOKENIZER is set by ops/setup.sh's env file"))
+    PathBuf::from(
+        std::env::var("TRAINQ_QWEN3_TOKENIZER").expect("TRAINQ_QWEN3_TOKENIZER is set by ops/setup.sh's env file"),
+    )
 }
 
 /// Two tools, parallel tool calls with string and object arguments, tool results, non-ASCII,
@@ -42,7 +44,11 @@ fn a_multi_turn_tool_conversation_matches_transformers_token_for_token() {
     let (ref_text, ref_ids, ref_mask) = reference(&conv);
     let messages = conv["messages"].as_array().unwrap().clone();
     let ours_text = tokenizer
-        .render(trainq::tokenize::RenderRequest { messages: &messages, tools: Some(&conv["tools"]), add_generation_prompt: false })
+        .render(trainq_engine::tokenize::RenderRequest {
+            messages: &messages,
+            tools: Some(&conv["tools"]),
+            add_generation_prompt: false,
+        })
         .unwrap();
     assert_eq!(ours_text, ref_text, "rendered text differs");
     let traj = Trajectory::from_json(&conv).unwrap();
@@ -59,7 +65,8 @@ fn sampler_token_ids_replace_their_turn_and_keep_their_logprobs() {
     let mut conv = conversation();
     let plain = tokenizer.tokenize(&Trajectory::from_json(&conv).unwrap(), 4096).unwrap();
     let sampled_text = "<think>\nEasy.\n</think>\n\n1 + 1 = 2.<|im_end|>";
-    let sampled: Vec<i64> = tokenizer.tokenizer().encode(sampled_text, false).unwrap().get_ids().iter().map(|&i| i64::from(i)).collect();
+    let sampled: Vec<i64> =
+        tokenizer.tokenizer().encode(sampled_text, false).unwrap().get_ids().iter().map(|&i| i64::from(i)).collect();
     let logprobs: Vec<f32> = (0..sampled.len()).map(|i| -0.01 * i as f32).collect();
     let last = conv["messages"].as_array().unwrap().len() - 1;
     conv["messages"][last]["token_ids"] = json!(sampled);
@@ -90,7 +97,9 @@ fn a_conversation_longer_than_max_seq_len_is_reported_not_truncated() {
 #[test]
 fn sampler_ids_splice_cleanly_when_the_turn_starts_inside_a_header_token() {
     let tokenizer = ChatTokenizer::from_dir(&qwen3_dir()).unwrap();
-    let encode = |text: &str| -> Vec<i64> { tokenizer.tokenizer().encode(text, false).unwrap().get_ids().iter().map(|&i| i64::from(i)).collect() };
+    let encode = |text: &str| -> Vec<i64> {
+        tokenizer.tokenizer().encode(text, false).unwrap().get_ids().iter().map(|&i| i64::from(i)).collect()
+    };
     // An earlier turn whose content starts with "\n\n": Qwen3 renders "assistant\n" + "\n\nHello!",
     // and the three newlines become one token that straddles the start of the turn.
     let mut conv = json!({"messages": [
@@ -109,6 +118,7 @@ fn sampler_ids_splice_cleanly_when_the_turn_starts_inside_a_header_token() {
     assert!(spliced.trained[..prompt.len()].iter().all(|t| !t));
     assert_eq!(spliced.ids[prompt.len()..prompt.len() + sampled.len()], sampled[..]);
     assert!(spliced.trained[prompt.len()..prompt.len() + sampled.len()].iter().all(|t| *t));
-    let rest = encode("\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nBye!<|im_end|>\n");
+    let rest =
+        encode("\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nBye!<|im_end|>\n");
     assert_eq!(spliced.ids[prompt.len() + sampled.len()..], rest[..]);
 }

@@ -2,18 +2,19 @@
 //! disjoint, so no group is trained twice, and the steps table has one row per step.
 
 mod common;
+mod worker_support;
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use trainq::db::list_workers;
-use trainq::db::steps::list_steps;
 use trainq::worker::run_worker;
+use trainq_queue::db::list_workers;
+use trainq_queue::db::steps::list_steps;
 
 use common::db::TestDb;
 use common::s3::MotoServer;
-use common::tiny_worker::{build_model, groups, options, register, submit, tiny_config, wait_until};
+use worker_support::{build_model, groups, options, register, submit, tiny_config, wait_until};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_on_one_model_never_train_the_same_group() {
@@ -63,7 +64,7 @@ async fn two_workers_on_one_model_never_train_the_same_group() {
     assert!(rows.iter().all(|g| g.state == "trained" || g.state == "skipped"), "{rows:?}");
     assert_eq!(rows.iter().filter(|g| g.state == "skipped").count(), 2);
     let steps = list_steps(&db.pool, "m", 100).await.unwrap();
-    let numbers: HashSet<i64> = steps.iter().map(|s| s.step).collect();
+    let numbers: HashSet<i64> = steps.iter().map(|s| s.step.get()).collect();
     assert_eq!(numbers.len(), steps.len(), "no duplicate step rows");
     assert_eq!(committed.len(), steps.len(), "every committed step is one row: {committed:?}");
     // Each trained group belongs to exactly one recorded step, and the counts add up.

@@ -3,49 +3,37 @@
 //! including a restart that resumes every rank from the latest checkpoint.
 
 mod common;
+mod worker_support;
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use tch::Tensor;
 use tokio_util::sync::CancellationToken;
-use trainq::checkpoint::StoreOptions;
-use trainq::db::steps::{list_steps, StepRecord};
-use trainq::worker::{run_worker, DataParallel};
+use trainq::worker::{run_worker, Placement};
+use trainq_engine::tch::Device;
+use trainq_queue::db::steps::{list_steps, StepRecord};
+use trainq_queue::storage::StoreOptions;
 
 use common::db::TestDb;
-use common::tiny_worker::{build_model, groups, options, register, submit, tiny_config};
+use worker_support::{build_model, groups, options, register, submit, tiny_config};
 
 fn adapter(work: &Path, worker: &str, step: i64) -> HashMap<String, Tensor> {
-    let file = work
-        .join(worker)
-        .join(format!("staging/{step:06}/adapter_model.safetensors"));
-    Tensor::read_safetensors(&file)
-        .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
-        .into_iter()
-        .collect()
+    let file = work.join(worker).join(format!("staging/{step:06}/adapter_model.safetensors"));
+    Tensor::read_safetensors(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display())).into_iter().collect()
 }
 
-async fn run(db: &TestDb, work: &Path, model: &str, parallel: DataParallel, steps: u64) {
+async fn run(db: &TestDb, work: &Path, model: &str, placement: Placement, steps: u64) {
     let store = format!("file://{}", work.join("store").display());
     let mut opts = options(model, &store, StoreOptions::default(), &work.join(model));
-    opts.data_parallel = parallel;
+    opts.placement = placement;
     opts.max_steps = Some(steps);
-    let summary = run_worker(&db.pool, &opts, CancellationToken::new())
-        .await
-        .unwrap();
-    assert_eq!(
-        (summary.steps.len() as u64, summary.abandoned),
-        (steps, 0),
-        "{model}"
-    );
+    let summary = run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
+    assert_eq!((summary.steps.len() as u64, summary.abandoned), (steps, 0), "{model}");
 }
 
 fn assert_close(a: f64, b: f64, what: &str) {
-    assert!(
-        (a - b).abs() <= 1e-5 * (1.0 + a.abs()),
-        "{what}: {a} vs {b}"
-    );
+    assert!((a - b).abs() <= 1e-5 * (1.0 + a.abs()), "{what}: {a} vs {b}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -64,10 +52,7 @@ async fn two_cpu_ranks_train_and_record_what_one_engine_does() {
     }
 
     // Two steps, then a restart that resumes from checkpoint 2 for the third.
-    for (model, parallel) in [
-        ("single", DataParallel::Off),
-        ("ranks", DataParallel::CpuRanks(2)),
-    ] {
+    for (model, parallel) in [("single", Placement::One(Device::Cpu)), ("ranks", Placement::CpuRanks(2))] {
         run(&db, work.path(), model, parallel.clone(), 2).await;
         run(&db, work.path(), model, parallel, 1).await;
     }
@@ -81,10 +66,7 @@ async fn two_cpu_ranks_train_and_record_what_one_engine_does() {
         }
     };
     let (single, ranks) = (records("single").await, records("ranks").await);
-    assert_eq!(
-        ranks.iter().map(|s| s.step).collect::<Vec<_>>(),
-        vec![1, 2, 3]
-    );
+    assert_eq!(ranks.iter().map(|s| s.step).collect::<Vec<_>>(), vec![1, 2, 3]);
     for (a, b) in single.iter().zip(&ranks) {
         assert_eq!(
             (a.groups_trained, a.trajectories, a.tokens),
@@ -92,38 +74,17 @@ async fn two_cpu_ranks_train_and_record_what_one_engine_does() {
             "step {}",
             a.step
         );
-        assert_close(
-            a.loss.unwrap(),
-            b.loss.unwrap(),
-            &format!("loss of step {}", a.step),
-        );
-        assert_close(
-            a.grad_norm.unwrap(),
-            b.grad_norm.unwrap(),
-            &format!("grad norm of step {}", a.step),
-        );
-        assert_eq!(
-            b.loss_parts["micro_batches"], a.loss_parts["micro_batches"],
-            "step {}",
-            a.step
-        );
-        assert!(
-            a.loss_parts["micro_batches"].as_f64().unwrap() >= 2.0,
-            "several micro-batches to split"
-        );
+        assert_close(a.loss.unwrap(), b.loss.unwrap(), &format!("loss of step {}", a.step));
+        assert_close(a.grad_norm.unwrap(), b.grad_norm.unwrap(), &format!("grad norm of step {}", a.step));
+        assert_eq!(b.loss_parts["micro_batches"], a.loss_parts["micro_batches"], "step {}", a.step);
+        assert!(a.loss_parts["micro_batches"].as_f64().unwrap() >= 2.0, "several micro-batches to split");
         assert_eq!(b.devices, serde_json::json!(["cpu", "cpu"]));
     }
-    assert!(groups(&db.pool, "ranks")
-        .await
-        .iter()
-        .all(|g| g.state == "trained"));
+    assert!(groups(&db.pool, "ranks").await.iter().all(|g| g.state == "trained"));
 
     // Rank 0's checkpoint after each step equals the single engine's adapter.
     for step in [2, 3] {
-        let (one, two) = (
-            adapter(work.path(), "single", step),
-            adapter(work.path(), "ranks", step),
-        );
+        let (one, two) = (adapter(work.path(), "single", step), adapter(work.path(), "ranks", step));
         assert_eq!(one.len(), two.len());
         for (name, t) in &one {
             let diff = (t - &two[name]).abs().max().double_value(&[]);

@@ -4,19 +4,20 @@
 //! S3 server stopped during upload (the upload is retried, the step recorded once and whole).
 
 mod common;
+mod worker_support;
 
 use std::time::Duration;
 
 use object_store::ObjectStoreExt;
 use sha2::{Digest, Sha256};
-use trainq::checkpoint::{complete_steps, read_manifest, MANIFEST_FILE};
-use trainq::db::rescue_expired;
-use trainq::db::steps::{latest_checkpoint, list_steps};
 use trainq::worker::fault_hook::{FAULT_PAUSED_MARKER, FAULT_PAUSE_AT_ENV, FAULT_RESUME_FILE_ENV};
+use trainq_queue::db::rescue_expired;
+use trainq_queue::db::steps::{latest_checkpoint, list_steps};
+use trainq_queue::storage::{complete_steps, read_manifest, MANIFEST_FILE};
 
 use common::db::TestDb;
 use common::s3::MotoServer;
-use common::tiny_worker::{build_model, groups, register, step_rows, submit, tiny_config, wait_until, WorkerProcess};
+use worker_support::{build_model, groups, register, step_rows, submit, tiny_config, wait_until, WorkerProcess};
 
 /// Lease of the groups in these tests: short, so that a killed worker's claim expires quickly.
 const LEASE_SECONDS: i64 = 3;
@@ -38,7 +39,10 @@ async fn kill_nine_at(phase: &str) {
     first.kill9();
 
     assert_eq!(step_rows(&db.pool, "m").await, 0);
-    assert!(groups(&db.pool, "m").await.iter().all(|g| g.state == "claimed"), "the killed worker's claim stays until its lease ends");
+    assert!(
+        groups(&db.pool, "m").await.iter().all(|g| g.state == "claimed"),
+        "the killed worker's claim stays until its lease ends"
+    );
     // The rescuer's query returns the groups once the lease has expired.
     wait_until("the expired claim is rescued", Duration::from_secs(30), || async {
         rescue_expired(&db.pool, None).await.unwrap();
@@ -52,7 +56,7 @@ async fn kill_nine_at(phase: &str) {
     let rows = groups(&db.pool, "m").await;
     assert!(rows.iter().all(|g| g.state == "trained" && g.step == Some(1)), "{rows:?}");
     let steps = list_steps(&db.pool, "m", 10).await.unwrap();
-    assert_eq!(steps.iter().map(|s| (s.step, s.groups_trained)).collect::<Vec<_>>(), vec![(1, 2)]);
+    assert_eq!(steps.iter().map(|s| (s.step.get(), s.groups_trained)).collect::<Vec<_>>(), vec![(1, 2)]);
     assert_eq!(complete_steps(&server.store("kill"), "m").await.unwrap(), vec![1]);
 }
 
@@ -78,8 +82,15 @@ async fn an_s3_outage_during_upload_is_retried_and_the_step_is_recorded_once_and
     let resume = work.path().join("resume");
     let resume_str = resume.to_str().unwrap().to_string();
     let env = [(FAULT_PAUSE_AT_ENV, "upload"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
-    let mut worker =
-        WorkerProcess::spawn(&db.url(None), "m", &store_url, Some(&server), &work.path().join("w"), &env, &["--max-steps", "1"]);
+    let mut worker = WorkerProcess::spawn(
+        &db.url(None),
+        "m",
+        &store_url,
+        Some(&server),
+        &work.path().join("w"),
+        &env,
+        &["--max-steps", "1"],
+    );
     worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=upload"), START_LIMIT);
 
     server.kill();
@@ -96,14 +107,21 @@ async fn an_s3_outage_during_upload_is_retried_and_the_step_is_recorded_once_and
     assert!(groups(&db.pool, "m").await.iter().all(|g| g.state == "trained" && g.step == Some(1) && g.attempts == 0));
     // Whole: every file of the manifest is in the restarted server, the row's sha256 is the manifest's.
     let store = server.store("outage");
-    let manifest = read_manifest(&store, "m", 1).await.unwrap();
+    let manifest = read_manifest(&store, "m", trainq_queue::StepNumber(1)).await.unwrap();
     for file in &manifest.files {
-        let bytes = store.object_store().get(&store.checkpoint_file("m", 1, &file.path)).await.unwrap().bytes().await.unwrap();
+        let bytes = store
+            .object_store()
+            .get(&store.checkpoint_file("m", trainq_queue::StepNumber(1), &file.path))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
         assert_eq!(hex::encode(Sha256::digest(&bytes)), file.sha256, "{}", file.path);
     }
-    let key = store.checkpoint_file("m", 1, MANIFEST_FILE);
+    let key = store.checkpoint_file("m", trainq_queue::StepNumber(1), MANIFEST_FILE);
     let manifest_bytes = store.object_store().get(&key).await.unwrap().bytes().await.unwrap();
     let row = latest_checkpoint(&db.pool, "m").await.unwrap().unwrap();
-    assert_eq!((row.step, hex::encode(Sha256::digest(&manifest_bytes))), (1, row.sha256.clone()));
+    assert_eq!((row.step.get(), hex::encode(Sha256::digest(&manifest_bytes))), (1, row.sha256.clone()));
     assert_eq!(steps[0].checkpoint_sha256, Some(row.sha256));
 }

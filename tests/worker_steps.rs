@@ -3,6 +3,7 @@
 //! and without async weight syncing.
 
 mod common;
+mod worker_support;
 
 use std::process::Command;
 use std::time::Duration;
@@ -10,13 +11,16 @@ use std::time::Duration;
 use object_store::ObjectStoreExt;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
-use trainq::checkpoint::{complete_steps, fetch_checkpoint, read_manifest, FetchOptions, RetentionPolicy, MANIFEST_FILE};
-use trainq::db::steps::{deleted_checkpoint_steps, latest_checkpoint, list_steps};
 use trainq::worker::run_worker;
+use trainq_queue::db::steps::{deleted_checkpoint_steps, latest_checkpoint, list_steps};
+use trainq_queue::storage::{
+    complete_steps, fetch_checkpoint, read_manifest, FetchOptions, RetentionPolicy, MANIFEST_FILE,
+};
+use trainq_queue::StepNumber;
 
 use common::db::TestDb;
 use common::s3::MotoServer;
-use common::tiny_worker::{build_model, groups, options, register, s3_env, step_rows, submit, tiny_config, WorkerProcess};
+use worker_support::{build_model, groups, options, register, s3_env, step_rows, submit, tiny_config, WorkerProcess};
 
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
@@ -48,7 +52,12 @@ async fn a_worker_run_records_its_steps_and_fetch_returns_exactly_what_was_train
     assert_eq!(steps.iter().map(|s| s.step).collect::<Vec<_>>(), vec![1, 2, 3]);
     for s in &steps {
         assert!(s.async_weight_syncing);
-        assert_eq!((s.policy_lag_min, s.policy_lag_max), (Some(s.step - 1), Some(s.step - 1)), "step {}", s.step);
+        assert_eq!(
+            (s.policy_lag_min, s.policy_lag_max),
+            (Some(s.step.get() - 1), Some(s.step.get() - 1)),
+            "step {}",
+            s.step
+        );
         assert_eq!((s.groups_claimed, s.groups_trained, s.trajectories), (2, 2, 6));
         assert!(s.tokens > 0 && s.loss.is_some_and(f64::is_finite) && s.grad_norm.is_some_and(f64::is_finite));
         assert!((s.reward_mean.unwrap() - 0.5).abs() < 1e-9);
@@ -72,20 +81,20 @@ async fn a_worker_run_records_its_steps_and_fetch_returns_exactly_what_was_train
 
     // The manifest lists the staged files with their sha256; the row holds the manifest's sha256.
     let staged = work.path().join("worker/staging/000003");
-    let manifest = read_manifest(&store, "m", 3).await.unwrap();
+    let manifest = read_manifest(&store, "m", StepNumber(3)).await.unwrap();
     assert!(manifest.files.iter().any(|f| f.path == "adapter_model.safetensors"), "{manifest:?}");
     for file in &manifest.files {
         let bytes = std::fs::read(staged.join(&file.path)).unwrap();
         assert_eq!((sha256_hex(&bytes), bytes.len() as u64), (file.sha256.clone(), file.bytes), "{}", file.path);
     }
-    let key = store.checkpoint_file("m", 3, MANIFEST_FILE);
+    let key = store.checkpoint_file("m", StepNumber(3), MANIFEST_FILE);
     let manifest_bytes = store.object_store().get(&key).await.unwrap().bytes().await.unwrap();
     assert_eq!(sha256_hex(&manifest_bytes), latest.sha256);
     assert_eq!(steps[2].checkpoint_sha256.as_deref(), Some(latest.sha256.as_str()));
 
     // The library fetch returns the staged bytes exactly.
     let fetched = work.path().join("fetched");
-    fetch_checkpoint(&store, "m", 3, &fetched, &FetchOptions::default(), &|_| {}).await.unwrap();
+    fetch_checkpoint(&store, "m", StepNumber(3), &fetched, &FetchOptions::default(), &|_| {}).await.unwrap();
     assert_same_bytes(&staged, &fetched, &manifest);
 
     // `trainq checkpoint fetch m` with only the database: latest and the store come from Postgres.
@@ -103,9 +112,10 @@ async fn a_worker_run_records_its_steps_and_fetch_returns_exactly_what_was_train
     assert_same_bytes(&staged, &by_cli, &manifest);
 }
 
-fn assert_same_bytes(staged: &std::path::Path, fetched: &std::path::Path, manifest: &trainq::checkpoint::Manifest) {
+fn assert_same_bytes(staged: &std::path::Path, fetched: &std::path::Path, manifest: &trainq_queue::storage::Manifest) {
     for file in &manifest.files {
-        let (a, b) = (std::fs::read(staged.join(&file.path)).unwrap(), std::fs::read(fetched.join(&file.path)).unwrap());
+        let (a, b) =
+            (std::fs::read(staged.join(&file.path)).unwrap(), std::fs::read(fetched.join(&file.path)).unwrap());
         assert!(a == b, "{} differs from what the worker trained", file.path);
     }
 }
@@ -129,7 +139,10 @@ async fn groups_constant_inside_but_different_across_take_no_step_then_a_mixed_b
     worker.wait_for_line("no step taken: all 4 claimed group(s) were skipped", Duration::from_secs(10));
     let rows = groups(&db.pool, "m").await;
     for row in &rows {
-        assert_eq!((row.state.as_str(), row.skip_reason.as_deref(), row.skip_std), ("skipped", Some("zero_variance"), Some(0.0)));
+        assert_eq!(
+            (row.state.as_str(), row.skip_reason.as_deref(), row.skip_std),
+            ("skipped", Some("zero_variance"), Some(0.0))
+        );
     }
     assert_eq!(step_rows(&db.pool, "m").await, 0);
 
@@ -138,7 +151,7 @@ async fn groups_constant_inside_but_different_across_take_no_step_then_a_mixed_b
     assert!(worker.wait_exit(Duration::from_secs(30)), "{}", worker.seen.join("\n"));
     let steps = list_steps(&db.pool, "m", 10).await.unwrap();
     assert_eq!(steps.len(), 1);
-    assert_eq!((steps[0].step, steps[0].groups_claimed, steps[0].groups_trained), (1, 4, 2));
+    assert_eq!((steps[0].step.get(), steps[0].groups_claimed, steps[0].groups_trained), (1, 4, 2));
     assert_eq!(steps[0].groups_skipped, serde_json::json!({"zero_variance": 2}));
 }
 
@@ -163,7 +176,7 @@ async fn stale_groups_are_skipped_without_async_weight_syncing_and_trained_with_
         assert_eq!(summary.steps.len(), 1);
 
         let step = &list_steps(&db.pool, name, 1).await.unwrap()[0];
-        assert_eq!((step.step, step.async_weight_syncing), (2, async_weight_syncing));
+        assert_eq!((step.step.get(), step.async_weight_syncing), (2, async_weight_syncing));
         let rows = groups(&db.pool, name).await;
         let stale_rows: Vec<_> = rows.iter().filter(|r| stale.contains(&r.id)).collect();
         if async_weight_syncing {
@@ -173,7 +186,10 @@ async fn stale_groups_are_skipped_without_async_weight_syncing_and_trained_with_
         } else {
             assert_eq!((step.groups_trained, step.policy_lag_min, step.policy_lag_max), (2, Some(0), Some(0)));
             assert_eq!(step.groups_skipped, serde_json::json!({"stale": 2}));
-            assert!(stale_rows.iter().all(|r| r.state == "skipped" && r.skip_reason.as_deref() == Some("stale")), "{stale_rows:?}");
+            assert!(
+                stale_rows.iter().all(|r| r.state == "skipped" && r.skip_reason.as_deref() == Some("stale")),
+                "{stale_rows:?}"
+            );
         }
     }
 }

@@ -14,8 +14,8 @@ use serde_json::json;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::sync::Barrier;
-use trainq::db::{self, ClaimParams, StepRecord};
-use trainq::rl::{SkipReason, SkippedGroup};
+use trainq_queue::db::{self, ClaimParams, StepRecord};
+use trainq_queue::rl::{SkipReason, SkippedGroup};
 
 /// Queue benchmark.
 #[derive(Parser, Debug)]
@@ -87,11 +87,29 @@ async fn insert_rate(pool: &PgPool, sql: &'static str, args: &Args, payloads: &A
 fn step_record(step: i64, worker: usize, claimed: usize) -> StepRecord {
     let now = chrono::Utc::now();
     StepRecord {
-        model: "bench".into(), step, worker_id: format!("w{worker}"), async_weight_syncing: false,
-        started_at: now, finished_at: now, groups_claimed: claimed as i32, groups_trained: claimed as i32,
-        groups_skipped: json!({}), trajectories: 0, tokens: 0, loss: None, loss_parts: json!({}), grad_norm: None,
-        learning_rate: None, reward_mean: None, reward_std_mean: None, policy_lag_min: None, policy_lag_max: None,
-        timings: json!({}), devices: json!([]), checkpoint_uri: None, checkpoint_sha256: None,
+        model: "bench".into(),
+        step: trainq_queue::StepNumber(step),
+        worker_id: format!("w{worker}"),
+        async_weight_syncing: false,
+        started_at: now,
+        finished_at: now,
+        groups_claimed: claimed as i32,
+        groups_trained: claimed as i32,
+        groups_skipped: json!({}),
+        trajectories: 0,
+        tokens: 0,
+        loss: None,
+        loss_parts: json!({}),
+        grad_norm: None,
+        learning_rate: None,
+        reward_mean: None,
+        reward_std_mean: None,
+        policy_lag_min: None,
+        policy_lag_max: None,
+        timings: json!({}),
+        devices: json!([]),
+        checkpoint_uri: None,
+        checkpoint_sha256: None,
     }
 }
 
@@ -111,7 +129,13 @@ async fn claim_complete_rate(pool: &PgPool, args: &Args, next_step: &Arc<AtomicI
     for w in 0..args.workers {
         let (pool, barrier, next_step, batch) = (pool.clone(), barrier.clone(), next_step.clone(), args.batch);
         tasks.push(tokio::spawn(async move {
-            let params = ClaimParams { model: "bench".into(), worker_id: format!("w{w}"), limit: batch, lease_seconds: 600.0, now: None };
+            let params = ClaimParams {
+                model: "bench".into(),
+                worker_id: format!("w{w}"),
+                limit: batch,
+                lease_seconds: 600.0,
+                now: None,
+            };
             barrier.wait().await;
             let mut done = 0i64;
             loop {
@@ -121,7 +145,15 @@ async fn claim_complete_rate(pool: &PgPool, args: &Args, next_step: &Arc<AtomicI
                 }
                 let ids: Vec<_> = claim.groups.iter().map(|g| g.id).collect();
                 if how == Completion::Skip {
-                    let skips: Vec<_> = ids.iter().map(|id| SkippedGroup { id: *id, reason: SkipReason::ZeroVariance, std: Some(0.0), detail: None }).collect();
+                    let skips: Vec<_> = ids
+                        .iter()
+                        .map(|id| SkippedGroup {
+                            id: *id,
+                            reason: SkipReason::ZeroVariance,
+                            std: Some(0.0),
+                            detail: None,
+                        })
+                        .collect();
                     db::skip_groups(&pool, claim.token, &skips).await.unwrap();
                 } else {
                     let step = step_record(next_step.fetch_add(1, Ordering::SeqCst), w, ids.len());
@@ -163,18 +195,26 @@ async fn main() {
     let admin = PgPool::connect(base.as_str()).await.unwrap();
     let name = format!("trainq_bench_{}", uuid::Uuid::now_v7().simple());
     let pool = fresh_database(&admin, &base, &name).await;
-    trainq::migrate(&pool).await.unwrap();
+    trainq_queue::migrate(&pool).await.unwrap();
     db::create_model(&pool, &db::NewModel::new("bench", "/base")).await.unwrap();
-    sqlx::query("CREATE TABLE bench_raw (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), model text, trajectories jsonb)")
-        .execute(&pool).await.unwrap();
+    sqlx::query(
+        "CREATE TABLE bench_raw (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), model text, trajectories jsonb)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     for trigger in &args.disable_trigger {
         sqlx::query(&format!("ALTER TABLE trainq.groups DISABLE TRIGGER {trigger}")).execute(&pool).await.unwrap();
     }
     let payloads: Arc<Vec<String>> = Arc::new((0..64).map(|s| group_text(s * 100, args.group_size)).collect());
     let avg_bytes = payloads.iter().map(String::len).sum::<usize>() / payloads.len();
 
-    let raw = insert_rate(&pool, "INSERT INTO bench_raw (model, trajectories) VALUES ($1, $2::jsonb)", &args, &payloads).await;
-    let submit = insert_rate(&pool, "INSERT INTO trainq.groups (model, trajectories) VALUES ($1, $2::jsonb)", &args, &payloads).await;
+    let raw =
+        insert_rate(&pool, "INSERT INTO bench_raw (model, trajectories) VALUES ($1, $2::jsonb)", &args, &payloads)
+            .await;
+    let submit =
+        insert_rate(&pool, "INSERT INTO trainq.groups (model, trajectories) VALUES ($1, $2::jsonb)", &args, &payloads)
+            .await;
     let next_step = Arc::new(AtomicI64::new(1));
     let (big_claim, big_n) = claim_complete_rate(&pool, &args, &next_step, Completion::CommitStep).await;
     let mut small = Vec::new();
@@ -189,8 +229,20 @@ async fn main() {
     println!("| measurement | groups | rate (groups/s) |");
     println!("|---|---:|---:|");
     println!("| raw INSERT into a plain jsonb table, {} producers, {} trajectories/group, {avg_bytes} B/group | {n} | {raw:.0} |", args.producers, args.group_size);
-    println!("| INSERT INTO trainq.groups (validated), same producers and bytes | {n} | {submit:.0} ({:.0}% of raw) |", 100.0 * submit / raw);
-    println!("| claim {} + commit_step, {} workers, those {avg_bytes} B groups | {big_n} | {big_claim:.0} |", args.batch, args.workers);
-    println!("| claim {} + commit_step, {} workers, small 2-trajectory groups | {} | {:.0} |", args.batch, args.workers, small[0].1, small[0].0);
-    println!("| claim {} + skip_groups, {} workers, small 2-trajectory groups | {} | {:.0} |", args.batch, args.workers, small[1].1, small[1].0);
+    println!(
+        "| INSERT INTO trainq.groups (validated), same producers and bytes | {n} | {submit:.0} ({:.0}% of raw) |",
+        100.0 * submit / raw
+    );
+    println!(
+        "| claim {} + commit_step, {} workers, those {avg_bytes} B groups | {big_n} | {big_claim:.0} |",
+        args.batch, args.workers
+    );
+    println!(
+        "| claim {} + commit_step, {} workers, small 2-trajectory groups | {} | {:.0} |",
+        args.batch, args.workers, small[0].1, small[0].0
+    );
+    println!(
+        "| claim {} + skip_groups, {} workers, small 2-trajectory groups | {} | {:.0} |",
+        args.batch, args.workers, small[1].1, small[1].0
+    );
 }

@@ -15,10 +15,10 @@ use serde_json::json;
 use sqlx::PgPool;
 use tch::Device;
 use tokio_util::sync::CancellationToken;
-use trainq::config::{LoraConfig, TrainConfig};
-use trainq::db::groups::{submit_groups, NewGroup};
-use trainq::db::models::{create_model, NewModel};
 use trainq::worker::{run_worker, WorkerOptions};
+use trainq_queue::config::{LoraConfig, TrainConfig};
+use trainq_queue::db::groups::{submit_groups, NewGroup};
+use trainq_queue::db::models::{create_model, NewModel};
 
 const NAME: &str = "trainq_bench_worker";
 const PHASES: [&str; 6] = ["claim", "prepare", "train", "save", "upload", "commit"];
@@ -46,9 +46,9 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let url = trainq::db::databases::recreate_database(&args.database_url, NAME).await?;
+    let url = trainq_queue::db::databases::recreate_database(&args.database_url, NAME).await?;
     let pool = PgPool::connect(&url).await?;
-    trainq::migrate(&pool).await?;
+    trainq_queue::migrate(&pool).await?;
     let work = tempfile::tempdir()?;
     let model_dir = work.path().join("model");
     trainq::demo::run::build_tiny_model(&model_dir, 7)?;
@@ -65,7 +65,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     submit_all(&pool, &args).await?;
 
     let store = args.store.clone().unwrap_or_else(|| format!("file://{}", work.path().join("store").display()));
-    let mut opts = WorkerOptions::new(NAME, &store, Device::Cpu);
+    let mut opts = WorkerOptions::new(NAME, &store, trainq::worker::Placement::One(Device::Cpu));
     opts.work_dir = work.path().join("worker");
     opts.max_steps = Some(args.steps + 1);
     opts.poll_interval = Duration::from_millis(50);
@@ -96,7 +96,7 @@ async fn submit_all(pool: &PgPool, args: &Args) -> Result<(), Box<dyn std::error
     Ok(())
 }
 
-fn print_table(steps: &[trainq::db::StepRecord], args: &Args, store: &str) {
+fn print_table(steps: &[trainq_queue::db::StepRecord], args: &Args, store: &str) {
     let n = steps.len() as f64;
     let mean = |phase: &str| steps.iter().map(|s| s.timings[phase].as_f64().unwrap_or(0.0)).sum::<f64>() / n;
     let total: f64 = PHASES.iter().map(|p| mean(p)).sum();
@@ -117,11 +117,18 @@ fn print_table(steps: &[trainq::db::StepRecord], args: &Args, store: &str) {
     println!("| step total (sum of phases) | {:.1} | 100% |", total * 1e3);
     // Start to start of consecutive steps: also counts what no phase times (commit lock, loop
     // bookkeeping, retention, waiting for the next claim).
-    let periods: Vec<f64> =
-        steps.windows(2).map(|w| (w[1].started_at - w[0].started_at).num_microseconds().unwrap_or(0) as f64 / 1e6).collect();
+    let periods: Vec<f64> = steps
+        .windows(2)
+        .map(|w| (w[1].started_at - w[0].started_at).num_microseconds().unwrap_or(0) as f64 / 1e6)
+        .collect();
     if !periods.is_empty() {
         let period = periods.iter().sum::<f64>() / periods.len() as f64;
         let untimed = period - total;
-        println!("| step period (start to next start) | {:.1} | untimed {:.1} ms = {:.1}% |", period * 1e3, untimed * 1e3, 100.0 * untimed / period);
+        println!(
+            "| step period (start to next start) | {:.1} | untimed {:.1} ms = {:.1}% |",
+            period * 1e3,
+            untimed * 1e3,
+            100.0 * untimed / period
+        );
     }
 }

@@ -7,7 +7,8 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+use trainq_engine::Error as EngineError;
 
 /// Special tokens, in id order from 0.
 pub const SPECIAL_TOKENS: [&str; 4] = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"];
@@ -66,8 +67,8 @@ pub fn tokenizer_config_json() -> Value {
 pub fn write_tokenizer(dir: &Path) -> Result<()> {
     for (name, doc) in [("tokenizer.json", tokenizer_json()), ("tokenizer_config.json", tokenizer_config_json())] {
         let path = dir.join(name);
-        let text = serde_json::to_string_pretty(&doc).map_err(Error::json(name))?;
-        std::fs::write(&path, text).map_err(Error::io(&path))?;
+        let text = serde_json::to_string_pretty(&doc).map_err(EngineError::json(name))?;
+        std::fs::write(&path, text).map_err(EngineError::io(&path))?;
     }
     Ok(())
 }

@@ -18,7 +18,8 @@ pub fn reward_svg(title: &str, points: &[(i64, f64)]) -> String {
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" font-size="12">"#
     );
     let _ = write!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = write!(svg, r#"<text x="{}" y="24" text-anchor="middle" font-size="15">{}</text>"#, WIDTH / 2.0, escape(title));
+    let _ =
+        write!(svg, r#"<text x="{}" y="24" text-anchor="middle" font-size="15">{}</text>"#, WIDTH / 2.0, escape(title));
     // Axes and grid lines every 0.25 of reward.
     for i in 0..=4 {
         let r = lo + (hi - lo) * i as f64 / 4.0;
@@ -38,9 +39,13 @@ pub fn reward_svg(title: &str, points: &[(i64, f64)]) -> String {
         r = WIDTH - MARGIN
     );
     let _ = write!(svg, r#"<text x="{}" y="{}" text-anchor="middle">step</text>"#, WIDTH / 2.0, HEIGHT - 12.0);
-    let _ = write!(svg, r#"<text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">mean reward</text>"#, HEIGHT / 2.0, HEIGHT / 2.0);
-    let path: Vec<String> =
-        points.iter().map(|&(s, r)| format!("{:.1},{:.1}", x(s as f64), y(r))).collect();
+    let _ = write!(
+        svg,
+        r#"<text x="14" y="{}" transform="rotate(-90 14 {})" text-anchor="middle">mean reward</text>"#,
+        HEIGHT / 2.0,
+        HEIGHT / 2.0
+    );
+    let path: Vec<String> = points.iter().map(|&(s, r)| format!("{:.1},{:.1}", x(s as f64), y(r))).collect();
     let _ = write!(svg, r##"<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="{}"/>"##, path.join(" "));
     for &(s, r) in points {
         let _ = write!(svg, r##"<circle cx="{:.1}" cy="{:.1}" r="3" fill="#1f77b4"/>"##, x(s as f64), y(r));

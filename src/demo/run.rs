@@ -11,14 +11,18 @@ use tch::Device;
 use tokio_util::sync::CancellationToken;
 
 use super::{assets, sample, task};
-use crate::checkpoint::{fetch_checkpoint, FetchOptions, Store};
-use crate::config::{LoraConfig, TrainConfig};
-use crate::db::groups::{queue_counts, submit_groups, NewGroup};
-use crate::db::models::{create_model, get_model, NewModel};
 use crate::error::{Error, Result};
-use crate::model::Policy;
-use crate::tokenize::{ChatTokenizer, RenderRequest};
+use crate::worker::Placement;
 use crate::worker::{run_worker, WorkerOptions, WorkerSummary};
+use trainq_engine::model::Policy;
+use trainq_engine::tokenize::{ChatTokenizer, RenderRequest};
+use trainq_engine::Error as EngineError;
+use trainq_queue::config::{LoraConfig, TrainConfig};
+use trainq_queue::db::groups::{queue_counts, submit_groups, NewGroup};
+use trainq_queue::db::models::{create_model, get_model, NewModel};
+use trainq_queue::storage::{fetch_checkpoint, FetchOptions, Store};
+use trainq_queue::Error as QueueError;
+use trainq_queue::StepNumber;
 
 /// Name of the demo's model and database.
 pub const DEMO_NAME: &str = "trainq_demo";
@@ -62,19 +66,23 @@ pub struct DemoRow {
 
 /// Runs the demo; returns the reward per checkpoint and writes `reward.svg` into `work_dir`.
 pub async fn run_demo(opts: &DemoOptions) -> Result<(Vec<DemoRow>, PathBuf)> {
-    let url = crate::db::databases::recreate_database(&opts.database_url, DEMO_NAME).await?;
-    let pool = PgPool::connect(&url).await.map_err(Error::db("connect to the demo database"))?;
-    crate::migrate(&pool).await?;
+    let url = trainq_queue::db::databases::recreate_database(&opts.database_url, DEMO_NAME).await?;
+    let pool = PgPool::connect(&url).await.map_err(QueueError::db("connect to the demo database"))?;
+    trainq_queue::migrate(&pool).await?;
     let _ = std::fs::remove_dir_all(&opts.work_dir);
     let model_dir = opts.work_dir.join("model");
     build_tiny_model(&model_dir, opts.seed as i64)?;
-    create_model(&pool, &NewModel { config: demo_config(opts), ..NewModel::new(DEMO_NAME, model_dir.display().to_string()) })
-        .await?;
+    create_model(
+        &pool,
+        &NewModel { config: demo_config(opts), ..NewModel::new(DEMO_NAME, model_dir.display().to_string()) },
+    )
+    .await?;
     let store_dir = opts.work_dir.join("store");
-    std::fs::create_dir_all(&store_dir).map_err(Error::io(&store_dir))?;
-    let store_url = format!("file://{}", std::fs::canonicalize(&store_dir).map_err(Error::io(&store_dir))?.display());
+    std::fs::create_dir_all(&store_dir).map_err(EngineError::io(&store_dir))?;
+    let store_url =
+        format!("file://{}", std::fs::canonicalize(&store_dir).map_err(EngineError::io(&store_dir))?.display());
 
-    let mut worker_opts = WorkerOptions::new(DEMO_NAME, &store_url, Device::Cpu);
+    let mut worker_opts = WorkerOptions::new(DEMO_NAME, &store_url, Placement::One(Device::Cpu));
     worker_opts.work_dir = opts.work_dir.join("worker");
     worker_opts.max_steps = Some(opts.steps);
     worker_opts.poll_interval = Duration::from_millis(200);
@@ -86,12 +94,12 @@ pub async fn run_demo(opts: &DemoOptions) -> Result<(Vec<DemoRow>, PathBuf)> {
     let env = Environment::new(&model_dir, Store::open(&store_url)?, opts)?;
     let sampled = env.run(&pool, opts, &worker).await;
     cancel.cancel(); // the worker stops after its current step (or at once if it is waiting)
-    worker.await.map_err(|e| Error::Engine(format!("worker task: {e}")))??;
+    worker.await.map_err(Error::task("the demo's worker task"))??;
     let rows = table_rows(&sampled?);
     let plot = opts.work_dir.join("reward.svg");
     let points: Vec<(i64, f64)> = rows.iter().map(|r| (r.policy_version, r.reward_mean)).collect();
     let svg = super::plot::reward_svg("trainq demo: mean reward per checkpoint", &points);
-    std::fs::write(&plot, svg).map_err(Error::io(&plot))?;
+    std::fs::write(&plot, svg).map_err(EngineError::io(&plot))?;
     Ok((rows, plot))
 }
 
@@ -111,14 +119,14 @@ fn demo_config(opts: &DemoOptions) -> TrainConfig {
 
 /// Writes config.json, tokenizer files and random weights of a tiny Qwen3-shaped model.
 pub fn build_tiny_model(dir: &Path, seed: i64) -> Result<()> {
-    std::fs::create_dir_all(dir).map_err(Error::io(dir))?;
+    std::fs::create_dir_all(dir).map_err(EngineError::io(dir))?;
     assets::write_tokenizer(dir)?;
-    let mut cfg = crate::model::tiny_qwen3_config(assets::VOCAB_SIZE);
+    let mut cfg = trainq_engine::model::tiny_qwen3_config(assets::VOCAB_SIZE);
     // Larger than HF's 0.02: with 64-wide tied embeddings, 0.02 leaves every logit near 0 and
     // LoRA (which does not touch the embeddings) cannot make any token much likelier.
     cfg.extra.insert("initializer_range".into(), serde_json::json!(DEMO_INITIALIZER_RANGE));
     let policy = Policy::from_config(&cfg, None, Device::Cpu, seed)?;
-    crate::checkpoint::hf::save_full(&policy, dir)
+    Ok(trainq_engine::checkpoint::hf::save_full(&policy, dir)?)
 }
 
 /// The toy environment: samples from the latest checkpoint and submits groups over SQL.
@@ -136,7 +144,7 @@ impl Environment {
         let eos = tokenizer
             .tokenizer()
             .token_to_id("<|im_end|>")
-            .ok_or_else(|| Error::Tokenize("demo tokenizer has no <|im_end|>".into()))? as i64;
+            .ok_or_else(|| EngineError::Tokenize("demo tokenizer has no <|im_end|>".into()))? as i64;
         let rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
         Ok(Environment { model_dir: model_dir.to_path_buf(), store, tokenizer, eos, rng })
     }
@@ -195,19 +203,21 @@ impl Environment {
         if version > 0 {
             let dir = self.model_dir.with_file_name("env").join(format!("{version:06}"));
             let options = FetchOptions { replace_existing: true, ..FetchOptions::default() };
-            fetch_checkpoint(&self.store, DEMO_NAME, version as u64, &dir, &options, &|_| {}).await?;
-            crate::checkpoint::peft::load_adapter(&policy, &dir)?;
+            fetch_checkpoint(&self.store, DEMO_NAME, StepNumber(version), &dir, &options, &|_| {}).await?;
+            trainq_engine::checkpoint::peft::load_adapter(&policy, &dir)?;
         }
         Ok(policy)
     }
 
     fn sample_group(&mut self, policy: &Policy, prompt: &str, n: usize) -> Result<(serde_json::Value, Vec<f64>)> {
         let messages = vec![json!({"role": "user", "content": prompt})];
-        let text = self.tokenizer.render(RenderRequest { messages: &messages, tools: None, add_generation_prompt: true })?;
-        let encoding = self.tokenizer.tokenizer().encode(text, false).map_err(|e| Error::Tokenize(e.to_string()))?;
+        let text =
+            self.tokenizer.render(RenderRequest { messages: &messages, tools: None, add_generation_prompt: true })?;
+        let encoding =
+            self.tokenizer.tokenizer().encode(text, false).map_err(|e| EngineError::Tokenize(e.to_string()))?;
         let prompt_ids: Vec<i64> = encoding.get_ids().iter().map(|&i| i as i64).collect();
         let last_logits = |ids: &tch::Tensor| {
-            let (b, l) = ids.size2().map_err(Error::torch("sample batch shape"))?;
+            let (b, l) = ids.size2().map_err(EngineError::torch("sample batch shape"))?;
             let positions = tch::Tensor::arange(l, (tch::Kind::Int64, Device::Cpu)).unsqueeze(0).repeat([b, 1]);
             let logits = tch::no_grad(|| policy.logits(ids, &positions))?;
             Ok(logits.select(1, l - 1))
@@ -218,7 +228,8 @@ impl Environment {
         let mut rewards = Vec::new();
         for c in completions {
             let visible: Vec<u32> = c.ids.iter().filter(|&&t| t != self.eos).map(|&t| t as u32).collect();
-            let content = self.tokenizer.tokenizer().decode(&visible, true).map_err(|e| Error::Tokenize(e.to_string()))?;
+            let content =
+                self.tokenizer.tokenizer().decode(&visible, true).map_err(|e| EngineError::Tokenize(e.to_string()))?;
             let reward = task::reward(&content);
             rewards.push(reward);
             trajectories.push(json!({
@@ -243,7 +254,7 @@ async fn wait_for_next_checkpoint(
     loop {
         // Counts first: if the batch is gone and the step still has not moved, it was skipped.
         let counts = queue_counts(pool, Some(DEMO_NAME)).await?;
-        let current = get_model(pool, DEMO_NAME).await?.current_step;
+        let current = get_model(pool, DEMO_NAME).await?.current_step.get();
         if current > version {
             return Ok(current);
         }
@@ -251,7 +262,10 @@ async fn wait_for_next_checkpoint(
             return Ok(version);
         }
         if worker.is_finished() {
-            return Err(Error::Engine("the worker stopped before the demo finished".into()));
+            return Err(Error::Task {
+                what: "the demo's worker",
+                message: "it stopped before the demo finished".into(),
+            });
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

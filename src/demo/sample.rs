@@ -6,7 +6,8 @@ use rand::distributions::{Distribution, WeightedIndex};
 use rand::Rng;
 use tch::{Kind, Tensor};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
+use trainq_engine::Error as EngineError;
 
 /// One sampled completion: its token ids (ending with EOS when it stopped) and their log-probs.
 #[derive(Debug, Clone, PartialEq)]
@@ -40,7 +41,8 @@ pub fn sample_completions(
         let flat: Vec<i64> = rows.iter().flatten().copied().collect();
         let batch = Tensor::from_slice(&flat).view([n as i64, rows[0].len() as i64]);
         let logp = last_logits(&batch)?.to_kind(Kind::Float).log_softmax(-1, Kind::Float).to_device(tch::Device::Cpu);
-        let logp: Vec<Vec<f32>> = Vec::<Vec<f32>>::try_from(&logp).map_err(Error::torch("read sampler log-probs"))?;
+        let logp: Vec<Vec<f32>> =
+            Vec::<Vec<f32>>::try_from(&logp).map_err(EngineError::torch("read sampler log-probs"))?;
         for (i, row_logp) in logp.iter().enumerate() {
             // Finished rows keep growing with EOS so the batch stays rectangular; ignored.
             let token = if done[i] { eos } else { draw(row_logp, rng)? };
@@ -57,7 +59,7 @@ pub fn sample_completions(
 
 fn draw(logp: &[f32], rng: &mut impl Rng) -> Result<i64> {
     let weights = logp.iter().map(|l| l.exp());
-    let dist = WeightedIndex::new(weights).map_err(|e| Error::Tokenize(format!("sampling weights: {e}")))?;
+    let dist = WeightedIndex::new(weights).map_err(|e| EngineError::Tokenize(format!("sampling weights: {e}")))?;
     Ok(dist.sample(rng) as i64)
 }
 

@@ -5,12 +5,7 @@
 //! climbs toward 1.
 
 /// Prompts the toy environment cycles through.
-pub const PROMPTS: [&str; 4] = [
-    "write a line",
-    "say something",
-    "give me a code",
-    "type eight characters",
-];
+pub const PROMPTS: [&str; 4] = ["write a line", "say something", "give me a code", "type eight characters"];
 
 /// How many completion characters count toward the reward.
 pub const SCORED_CHARS: usize = 8;

@@ -5,20 +5,19 @@
 //! drop the groups with nothing to learn, train on the engine thread while heartbeats keep the
 //! lease, upload the checkpoint, and commit the step fenced on the claim token.
 
-mod base_model;
-mod engine;
-mod engine_thread;
+#[doc(hidden)]
 pub mod fault_hook;
 mod options;
 mod prepare;
-mod rank_engine;
 mod record;
 mod step;
-mod weights_io;
 
-pub use options::{default_worker_id, ConfigOverrides, DataParallel, WorkerOptions, DEFAULT_POLL_INTERVAL, DEFAULT_UPLOAD_RETRY_PAUSE};
+pub use options::{
+    default_worker_id, ConfigOverrides, WorkerOptions, DEFAULT_POLL_INTERVAL, DEFAULT_UPLOAD_RETRY_PAUSE,
+};
 pub use record::{summarize_trained, TrainedGroupsSummary};
 pub use step::StepOutcome;
+pub use trainq_engine::engine::Placement;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,21 +26,22 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use crate::checkpoint::{apply_retention, fetch_checkpoint, FetchOptions, Store};
-use crate::db::models::get_model;
-use crate::db::steps::{latest_checkpoint, mark_checkpoints_deleted};
-use crate::db::workers::{heartbeat_worker, register_worker, WorkerInfo};
 use crate::error::Result;
-use crate::queue::{spawn_rescuer, GroupWaiter};
-use crate::tokenize::ChatTokenizer;
-use engine::EngineHandle;
 use step::{run_step, StepContext};
+use trainq_engine::engine::Engine;
+use trainq_engine::tokenize::ChatTokenizer;
+use trainq_queue::db::models::get_model;
+use trainq_queue::db::steps::{latest_checkpoint, mark_checkpoints_deleted};
+use trainq_queue::db::workers::{heartbeat_worker, register_worker, WorkerInfo};
+use trainq_queue::queue::{spawn_rescuer, GroupWaiter};
+use trainq_queue::storage::{apply_retention, fetch_checkpoint, resolve_base_model, FetchOptions, Store};
+use trainq_queue::StepNumber;
 
 /// What a worker run did, for the caller (demo, tests) and the final log line.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkerSummary {
     /// Steps committed.
-    pub steps: Vec<crate::db::steps::StepRecord>,
+    pub steps: Vec<trainq_queue::db::steps::StepRecord>,
     /// Passes where every claimed group was skipped.
     pub all_skipped_passes: usize,
     /// Steps given up (lost claim, errors, shutdown).
@@ -58,17 +58,18 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
         id: opts.worker_id.clone(),
         host: opts.worker_id.split(':').next().unwrap_or_default().to_string(),
         model: Some(opts.model.clone()),
-        devices: serde_json::json!(opts.data_parallel.device_names(opts.device)),
+        devices: serde_json::json!(opts.placement.device_names()),
     };
     register_worker(pool, &info).await?;
     let store = Store::open_with(&opts.store_url, &opts.store_options)?;
-    let base_dir = base_model::resolve_base_model(&model.base, &opts.work_dir).await?;
+    let base_dir = resolve_base_model(&model.base, &opts.work_dir).await?;
     let tokenizer = Arc::new(ChatTokenizer::from_dir(&base_dir)?);
     let (mut engine_step, resume_dir) = stage_latest(pool, &store, opts).await?;
-    let engine = EngineHandle::start(&base_dir, &cfg, opts.device, &opts.data_parallel, resume_dir.as_deref()).await?;
-    tracing::info!(model = %opts.model, worker = %opts.worker_id, step = engine_step, "worker ready");
+    let engine = Engine::start(&base_dir, &cfg, &opts.placement, resume_dir.as_deref()).await?;
+    tracing::info!(model = %opts.model, worker = %opts.worker_id, step = %engine_step, "worker ready");
 
-    let rescuer = spawn_rescuer(pool.clone(), Duration::from_secs_f64(cfg.queue.lease_seconds as f64 / 4.0), cancel.clone());
+    let rescuer =
+        spawn_rescuer(pool.clone(), Duration::from_secs_f64(cfg.queue.lease_seconds as f64 / 4.0), cancel.clone());
     let mut waiter = GroupWaiter::listen(pool, opts.poll_interval).await?;
     let mut ctx = StepContext {
         pool,
@@ -130,38 +131,29 @@ async fn apply_and_record_retention(pool: &PgPool, store: &Store, opts: &WorkerO
         return;
     }
     tracing::info!(model = %opts.model, ?deleted, "retention removed checkpoints");
-    let steps: Vec<i64> = deleted.iter().map(|&s| s as i64).collect();
-    if let Err(err) = mark_checkpoints_deleted(pool, &opts.model, &steps).await {
+    if let Err(err) = mark_checkpoints_deleted(pool, &opts.model, &deleted).await {
         tracing::warn!(model = %opts.model, "could not mark deleted checkpoints: {err}");
     }
 }
 
 /// Downloads the model's latest committed checkpoint into the work directory, if it has one;
-/// returns its step (0 for none) and the local directory.
-async fn stage_latest(pool: &PgPool, store: &Store, opts: &WorkerOptions) -> Result<(i64, Option<PathBuf>)> {
+/// returns its step (the base model's for none) and the local directory.
+async fn stage_latest(pool: &PgPool, store: &Store, opts: &WorkerOptions) -> Result<(StepNumber, Option<PathBuf>)> {
     let Some(latest) = latest_checkpoint(pool, &opts.model).await? else {
-        return Ok((0, None));
+        return Ok((StepNumber::BASE, None));
     };
     let dir = opts.work_dir.join("checkpoints").join(format!("{:06}", latest.step));
-    if !dir.join(crate::checkpoint::MANIFEST_FILE).is_file() {
+    if !dir.join(trainq_queue::storage::MANIFEST_FILE).is_file() {
         let options = FetchOptions { replace_existing: true, ..FetchOptions::default() };
-        fetch_checkpoint(store, &opts.model, latest.step as u64, &dir, &options, &|_| {}).await?;
+        fetch_checkpoint(store, &opts.model, latest.step, &dir, &options, &|_| {}).await?;
     }
     Ok((latest.step, Some(dir)))
 }
 
-/// `cpu` or `cuda:N`.
-pub fn device_name(device: tch::Device) -> String {
-    match device {
-        tch::Device::Cuda(n) => format!("cuda:{n}"),
-        other => format!("{other:?}").to_lowercase(),
-    }
-}
-
-fn log_step(r: &crate::db::steps::StepRecord) {
+fn log_step(r: &trainq_queue::db::steps::StepRecord) {
     tracing::info!(
         model = %r.model,
-        step = r.step,
+        step = %r.step,
         groups = r.groups_trained,
         skipped = %r.groups_skipped,
         tokens = r.tokens,
@@ -172,4 +164,3 @@ fn log_step(r: &crate::db::steps::StepRecord) {
         r.checkpoint_uri.as_deref().unwrap_or("-")
     );
 }
-

@@ -4,10 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tch::Device;
-
-use crate::checkpoint::{RetentionPolicy, StoreOptions};
-use crate::config::TrainConfig;
+use trainq_engine::engine::Placement;
+use trainq_queue::config::TrainConfig;
+use trainq_queue::storage::{RetentionPolicy, StoreOptions};
 
 /// Default interval of the poll fallback when no notification arrives.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
@@ -25,10 +24,8 @@ pub struct WorkerOptions {
     pub store_url: String,
     /// How to reach the store (credentials, endpoint, retries); by default from the environment.
     pub store_options: StoreOptions,
-    /// Training device (of the single engine; ignored when `data_parallel` names ranks).
-    pub device: Device,
-    /// Data-parallel ranks instead of one engine on `device`.
-    pub data_parallel: DataParallel,
+    /// Where the engine's ranks run: one device, several GPUs (NCCL), or CPU ranks (tests).
+    pub placement: Placement,
     /// Local directory for the base model copy, staged checkpoints and fetched checkpoints.
     pub work_dir: PathBuf,
     /// Overrides of the model's stored config (queue settings and the like).
@@ -46,8 +43,8 @@ pub struct WorkerOptions {
 }
 
 impl WorkerOptions {
-    /// Options with defaults for everything but the model, store and device.
-    pub fn new(model: impl Into<String>, store_url: impl Into<String>, device: Device) -> Self {
+    /// Options with defaults for everything but the model, the store and where to train.
+    pub fn new(model: impl Into<String>, store_url: impl Into<String>, placement: Placement) -> Self {
         let model = model.into();
         WorkerOptions {
             worker_id: default_worker_id(),
@@ -55,55 +52,13 @@ impl WorkerOptions {
             model,
             store_url: store_url.into(),
             store_options: StoreOptions::default(),
-            device,
-            data_parallel: DataParallel::Off,
+            placement,
             overrides: ConfigOverrides::default(),
             poll_interval: DEFAULT_POLL_INTERVAL,
             max_steps: None,
             stop_when_idle_for: None,
             retention: RetentionPolicy::default(),
             upload_retry_pause: DEFAULT_UPLOAD_RETRY_PAUSE,
-        }
-    }
-}
-
-/// Whether a worker trains one replica or data-parallel ranks, each a full replica, that split
-/// every step's micro-batches and sum their gradients.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum DataParallel {
-    /// One engine on [`WorkerOptions::device`].
-    #[default]
-    Off,
-    /// One rank per listed CUDA ordinal, gradients summed through NCCL (`trainq worker --gpus`).
-    Gpus(Vec<usize>),
-    /// This many ranks on the CPU over the in-process collective: the data-parallel code path
-    /// without GPUs, for tests and debugging.
-    CpuRanks(usize),
-}
-
-impl DataParallel {
-    /// From `--gpus`: `all` (every visible CUDA device) or a count `N` (the first N); 1 GPU or
-    /// `all` on a one-GPU host means no ranks. `visible` is the number of CUDA devices.
-    pub fn from_gpus_flag(text: &str, visible: usize) -> std::result::Result<DataParallel, String> {
-        let wanted = match text.trim() {
-            "all" => visible,
-            n => n.parse::<usize>().map_err(|_| format!("--gpus {n:?}: expected `all` or a number of GPUs"))?,
-        };
-        if wanted == 0 {
-            return Err(format!("--gpus {text}: no CUDA device is visible (CUDA devices: {visible})"));
-        }
-        if wanted > visible {
-            return Err(format!("--gpus {text}: only {visible} CUDA device(s) are visible"));
-        }
-        Ok(if wanted == 1 { DataParallel::Off } else { DataParallel::Gpus((0..wanted).collect()) })
-    }
-
-    /// The devices the worker trains on, as `trainq.workers.devices` lists them.
-    pub fn device_names(&self, single: Device) -> Vec<String> {
-        match self {
-            DataParallel::Off => vec![super::device_name(single)],
-            DataParallel::Gpus(ordinals) => ordinals.iter().map(|&i| super::device_name(Device::Cuda(i))).collect(),
-            DataParallel::CpuRanks(n) => vec![super::device_name(Device::Cpu); *n],
         }
     }
 }
@@ -153,18 +108,6 @@ impl ConfigOverrides {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn gpus_flag_counts_devices_and_refuses_what_is_not_there() {
-        assert_eq!(DataParallel::from_gpus_flag("all", 4), Ok(DataParallel::Gpus(vec![0, 1, 2, 3])));
-        assert_eq!(DataParallel::from_gpus_flag("2", 4), Ok(DataParallel::Gpus(vec![0, 1])));
-        assert_eq!(DataParallel::from_gpus_flag("1", 4), Ok(DataParallel::Off));
-        assert_eq!(DataParallel::from_gpus_flag("all", 1), Ok(DataParallel::Off));
-        assert!(DataParallel::from_gpus_flag("8", 4).unwrap_err().contains("only 4"));
-        assert!(DataParallel::from_gpus_flag("all", 0).unwrap_err().contains("no CUDA device"));
-        assert!(DataParallel::from_gpus_flag("two", 4).unwrap_err().contains("expected"));
-        assert_eq!(DataParallel::Gpus(vec![0, 1]).device_names(Device::Cpu), vec!["cuda:0", "cuda:1"]);
-    }
 
     #[test]
     fn overrides_replace_only_what_they_name() {

@@ -1,11 +1,13 @@
 //! From claimed groups to micro-batches: filter (with a reason per skipped group), tokenize
 //! (too long or unusable groups are skipped too), compute advantages and pack.
 
-use crate::config::TrainConfig;
-use crate::db::claims::ClaimedGroup;
 use crate::error::Result;
-use crate::rl::{advantages, filter_groups, population_std, FilterParams, FilterReport, SkipReason};
-use crate::tokenize::{pack, ChatTokenizer, MicroBatch, PackItem, TokenizeError, TokenizedTrajectory, Trajectory};
+use trainq_engine::tokenize::{
+    pack, ChatTokenizer, MicroBatch, PackItem, TokenizeError, TokenizedTrajectory, Trajectory,
+};
+use trainq_queue::config::TrainConfig;
+use trainq_queue::db::claims::ClaimedGroup;
+use trainq_queue::rl::{advantages, filter_groups, population_std, FilterParams, FilterReport, SkipReason};
 
 /// A step's training input and what the step record says about it.
 #[derive(Debug)]
@@ -58,11 +60,8 @@ pub(crate) fn prepare_step(
             trajs.iter().zip(advs).map(|(t, a)| PackItem { trajectory: t, advantage: *a as f32 })
         })
         .collect();
-    let batches = if items.is_empty() {
-        Vec::new()
-    } else {
-        pack(&items, cfg.max_tokens_per_micro_batch, cfg.max_seq_len)?
-    };
+    let batches =
+        if items.is_empty() { Vec::new() } else { pack(&items, cfg.max_tokens_per_micro_batch, cfg.max_seq_len)? };
     Ok(PreparedStep {
         trajectories: items.len(),
         tokens: items.iter().map(|i| i.trajectory.trained_tokens()).sum(),
@@ -83,12 +82,10 @@ fn tokenize_group(
         .iter()
         .enumerate()
         .map(|(i, value)| {
-            Trajectory::from_json(value)
-                .and_then(|t| tokenizer.tokenize(&t, max_seq_len))
-                .map_err(|e| match e {
-                    TokenizeError::TooLong { .. } => (SkipReason::TooLong, format!("trajectory {i}: {e}")),
-                    TokenizeError::Invalid(_) => (SkipReason::Invalid, format!("trajectory {i}: {e}")),
-                })
+            Trajectory::from_json(value).and_then(|t| tokenizer.tokenize(&t, max_seq_len)).map_err(|e| match e {
+                TokenizeError::TooLong { .. } => (SkipReason::TooLong, format!("trajectory {i}: {e}")),
+                TokenizeError::Invalid(_) => (SkipReason::Invalid, format!("trajectory {i}: {e}")),
+            })
         })
         .collect()
 }

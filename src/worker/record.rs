@@ -1,7 +1,7 @@
 //! Pure summaries of a step's trained groups for its `trainq.steps` row: reward mean, the mean
 //! of each group's own reward std, and the policy lag the step actually saw.
 
-use crate::rl::advantages::{mean, population_std};
+use trainq_queue::rl::advantages::{mean, population_std};
 
 /// What the step record says about the trained groups' rewards and ages.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]

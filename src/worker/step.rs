@@ -11,19 +11,20 @@ use serde_json::json;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use super::engine::EngineHandle;
 use super::options::WorkerOptions;
 use super::prepare::{prepare_step, PreparedStep};
 use super::record::summarize_trained;
-use crate::checkpoint::{upload_checkpoint, Store, UploadOptions, UploadedCheckpoint};
-use crate::config::TrainConfig;
-use crate::db::commit_lock::{lock_commits, CommitLock};
-use crate::db::claims::{claim_groups, release_groups, unclaim_groups, skip_groups, Claim, ClaimParams};
-use crate::db::steps::{commit_step, CheckpointRecord, StepRecord};
 use crate::error::{Error, Result};
-use crate::queue::spawn_lease_heartbeat;
-use crate::tokenize::ChatTokenizer;
-use crate::train::StepMetrics;
+use trainq_engine::engine::Engine;
+use trainq_engine::tokenize::ChatTokenizer;
+use trainq_engine::train::StepMetrics;
+use trainq_queue::config::TrainConfig;
+use trainq_queue::db::claims::{claim_groups, release_groups, skip_groups, unclaim_groups, Claim, ClaimParams};
+use trainq_queue::db::commit_lock::{lock_commits, CommitLock};
+use trainq_queue::db::steps::{commit_step, CheckpointRecord, StepRecord};
+use trainq_queue::queue::spawn_lease_heartbeat;
+use trainq_queue::storage::{upload_checkpoint, Store, UploadOptions, UploadedCheckpoint};
+use trainq_queue::StepNumber;
 
 /// What one pass of the loop did.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,15 +51,16 @@ pub(crate) struct StepContext<'a> {
     pub opts: &'a WorkerOptions,
     pub cfg: &'a TrainConfig,
     pub tokenizer: Arc<ChatTokenizer>,
-    pub engine: &'a EngineHandle,
+    pub engine: &'a Engine,
     pub store: &'a Store,
     pub cancel: &'a CancellationToken,
     /// The last committed checkpoint, staged locally (None: the base weights).
     pub committed_dir: Option<PathBuf>,
 }
 
-/// Claims and runs one step of the model whose current step is `current_step`.
-pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current_step: i64) -> Result<StepOutcome> {
+/// Claims and runs one step of the model whose current step is `current`.
+pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current: StepNumber) -> Result<StepOutcome> {
+    let current_step = current.get();
     let started_at = Utc::now();
     let clock = Instant::now();
     let claim = claim_groups(
@@ -76,28 +78,64 @@ pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current_step: i64) -> Re
         return Ok(StepOutcome::Idle);
     }
     let lease = ctx.cfg.queue.lease_seconds as f64;
-    let heartbeat = spawn_lease_heartbeat(ctx.pool.clone(), claim.token, lease, Duration::from_secs_f64(lease / 3.0));
+    // Fires on shutdown, or when the heartbeat finds the claim lost: training stops after its
+    // current micro-batch and an upload in flight is dropped.
+    let stop = ctx.cancel.child_token();
+    let every = Duration::from_secs_f64(lease / 3.0);
+    let heartbeat = spawn_lease_heartbeat(ctx.pool.clone(), claim.token, lease, every, stop.clone());
     let claim_s = clock.elapsed().as_secs_f64();
-    let outcome = match prepare_and_train(ctx, &claim, current_step, started_at, claim_s).await {
+    let run = StepRun { claim: &claim, stop: &stop, current_step, started_at, claim_s };
+    let outcome = match prepare_and_train(ctx, &run).await {
         Ok(outcome) => outcome,
-        Err(err) => abandon(ctx, &claim, err).await?,
+        Err(err) => abandon(ctx, &claim, run.explain(ctx, err)).await?,
     };
     let _ = heartbeat.stop().await;
     Ok(outcome)
 }
 
-async fn prepare_and_train(
-    ctx: &mut StepContext<'_>,
-    claim: &Claim,
+/// One claimed step in flight.
+struct StepRun<'c> {
+    claim: &'c Claim,
+    /// Cancelled on shutdown or when the claim is lost.
+    stop: &'c CancellationToken,
     current_step: i64,
     started_at: chrono::DateTime<Utc>,
     claim_s: f64,
-) -> Result<StepOutcome> {
+}
+
+impl StepRun<'_> {
+    /// Shutdown or a lost claim, when the step was stopped; `Ok` otherwise.
+    fn check(&self, ctx: &StepContext<'_>) -> Result<()> {
+        match self.stop.is_cancelled() {
+            true => Err(self.stop_reason(ctx)),
+            false => Ok(()),
+        }
+    }
+
+    fn stop_reason(&self, ctx: &StepContext<'_>) -> Error {
+        if ctx.cancel.is_cancelled() {
+            return Error::Shutdown;
+        }
+        let (model, groups) = (ctx.opts.model.clone(), self.claim.groups.len());
+        Error::Queue(trainq_queue::Error::LostClaim { model, groups })
+    }
+
+    /// An engine error caused by the stop is reported as the stop's reason.
+    fn explain(&self, ctx: &StepContext<'_>, err: Error) -> Error {
+        match err {
+            Error::Engine(trainq_engine::Error::Cancelled) => self.stop_reason(ctx),
+            other => other,
+        }
+    }
+}
+
+async fn prepare_and_train(ctx: &mut StepContext<'_>, run: &StepRun<'_>) -> Result<StepOutcome> {
+    let (claim, current_step, started_at, claim_s) = (run.claim, run.current_step, run.started_at, run.claim_s);
     let clock = Instant::now();
     let (groups, cfg, tokenizer) = (claim.groups.clone(), ctx.cfg.clone(), ctx.tokenizer.clone());
     let mut prepared = tokio::task::spawn_blocking(move || prepare_step(&groups, &cfg, current_step, &tokenizer))
         .await
-        .map_err(|e| Error::Engine(format!("tokenizer task: {e}")))??;
+        .map_err(Error::task("tokenizer task"))??;
     let prepare_s = clock.elapsed().as_secs_f64();
     tracing::info!(model = %ctx.opts.model, step = current_step + 1, "{}", prepared.report);
     if prepared.report.kept.is_empty() {
@@ -109,19 +147,19 @@ async fn prepare_and_train(
         );
         return Ok(StepOutcome::AllSkipped { groups: claim.groups.len() });
     }
-    ensure_running(ctx)?;
+    run.check(ctx)?;
 
     super::fault_hook::pause_if_requested("train", current_step + 1).await;
     let clock = Instant::now();
-    let metrics = ctx.engine.train(std::mem::take(&mut prepared.batches)).await?;
+    let metrics = ctx.engine.train(std::mem::take(&mut prepared.batches), run.stop).await?;
     let train_s = clock.elapsed().as_secs_f64();
-    ensure_running(ctx)?;
+    run.check(ctx)?;
 
     let step = current_step + 1;
     let clock = Instant::now();
     let staged = ctx.opts.work_dir.join("staging").join(format!("{step:06}"));
     let _ = std::fs::remove_dir_all(&staged);
-    std::fs::create_dir_all(&staged).map_err(Error::io(&staged))?;
+    std::fs::create_dir_all(&staged).map_err(trainq_queue::Error::io(&staged))?;
     let format = ctx.engine.save(&staged).await?;
     let save_s = clock.elapsed().as_secs_f64();
 
@@ -130,7 +168,7 @@ async fn prepare_and_train(
     let trained = TrainedStep { step, started_at, timings, metrics, format, staged };
     // Held through upload and commit: no other worker of this model writes step `step` meanwhile.
     let mut lock = lock_commits(ctx.pool, &ctx.opts.model).await?;
-    let outcome = upload_and_commit(ctx, claim, &prepared, trained, &mut lock).await;
+    let outcome = upload_and_commit(ctx, run, &prepared, trained, &mut lock).await;
     lock.release().await;
     outcome
 }
@@ -142,7 +180,7 @@ struct TrainedStep {
     /// Seconds of the phases so far (claim, prepare, train, save).
     timings: serde_json::Value,
     metrics: StepMetrics,
-    format: crate::checkpoint::CheckpointFormat,
+    format: trainq_queue::storage::CheckpointFormat,
     staged: PathBuf,
 }
 
@@ -150,30 +188,31 @@ struct TrainedStep {
 /// step number first (then the step is given up before touching that checkpoint's objects).
 async fn upload_and_commit(
     ctx: &mut StepContext<'_>,
-    claim: &Claim,
+    run: &StepRun<'_>,
     prepared: &PreparedStep,
     trained: TrainedStep,
     lock: &mut CommitLock,
 ) -> Result<StepOutcome> {
     let TrainedStep { step, started_at, mut timings, metrics, format, staged } = trained;
+    let claim = run.claim;
     let now_at = lock.current_step().await?;
-    if now_at != step - 1 {
-        let model = &ctx.opts.model;
-        return Err(Error::Engine(format!("step {step} of model {model:?} was committed by another worker (now at {now_at})")));
+    if now_at != StepNumber(step - 1) {
+        let (model, step) = (ctx.opts.model.clone(), StepNumber(step));
+        return Err(trainq_queue::Error::StepTaken { model, step, now_at }.into());
     }
     let clock = Instant::now();
-    let uploaded = upload_with_retry(ctx, step, format, &staged).await?;
+    let uploaded = upload_with_retry(ctx, run, step, format, &staged).await?;
     timings["upload"] = json!(clock.elapsed().as_secs_f64());
 
     let record = step_record(ctx, claim, prepared, &metrics, step, started_at, timings, &uploaded);
     let checkpoint = CheckpointRecord {
         model: ctx.opts.model.clone(),
-        step,
+        step: StepNumber(step),
         uri: uploaded.uri.clone(),
         format: format.as_str().to_string(),
         bytes: uploaded.total_bytes as i64,
         sha256: uploaded.manifest_sha256.clone(),
-        manifest: serde_json::to_value(&uploaded.manifest).map_err(Error::json("manifest"))?,
+        manifest: serde_json::to_value(&uploaded.manifest).map_err(trainq_queue::Error::json("manifest"))?,
     };
     let clock = Instant::now();
     commit_step(ctx.pool, &record, Some(&checkpoint), claim.token, &prepared.report.kept, &prepared.report.skipped)
@@ -189,29 +228,28 @@ async fn upload_and_commit(
     Ok(StepOutcome::Committed(Box::new(record)))
 }
 
-fn ensure_running(ctx: &StepContext<'_>) -> Result<()> {
-    if ctx.cancel.is_cancelled() {
-        return Err(Error::Engine("worker shutting down".into()));
-    }
-    Ok(())
-}
-
 /// Uploads the staged checkpoint, retrying while the store is unreachable (the claim's lease is
-/// kept alive meanwhile); gives up only on shutdown.
+/// kept alive meanwhile); gives up on shutdown or when the claim is lost, mid-transfer too.
 async fn upload_with_retry(
     ctx: &StepContext<'_>,
+    run: &StepRun<'_>,
     step: i64,
-    format: crate::checkpoint::CheckpointFormat,
+    format: trainq_queue::storage::CheckpointFormat,
     staged: &std::path::Path,
 ) -> Result<UploadedCheckpoint> {
     let options = UploadOptions::default();
     loop {
-        match upload_checkpoint(ctx.store, &ctx.opts.model, step as u64, format, staged, &options, &|_| {}).await {
+        let upload = upload_checkpoint(ctx.store, &ctx.opts.model, StepNumber(step), format, staged, &options, &|_| {});
+        let attempt = tokio::select! {
+            _ = run.stop.cancelled() => return Err(run.stop_reason(ctx)),
+            attempt = upload => attempt,
+        };
+        match attempt {
             Ok(uploaded) => return Ok(uploaded),
             Err(err) => {
                 tracing::warn!(model = %ctx.opts.model, step, "upload failed, retrying: {err}");
                 tokio::select! {
-                    _ = ctx.cancel.cancelled() => return Err(err),
+                    _ = run.stop.cancelled() => return Err(run.stop_reason(ctx)),
                     _ = tokio::time::sleep(ctx.opts.upload_retry_pause) => {}
                 }
             }
@@ -224,14 +262,17 @@ async fn abandon(ctx: &StepContext<'_>, claim: &Claim, err: Error) -> Result<Ste
     let reason = err.to_string();
     tracing::warn!(model = %ctx.opts.model, "step abandoned: {reason}");
     let ids: Vec<_> = claim.groups.iter().map(|g| g.id).collect();
-    // A shutdown is not the groups' fault: give them back without counting an attempt.
-    let released = if ctx.cancel.is_cancelled() {
-        unclaim_groups(ctx.pool, claim.token, &ids).await
-    } else {
-        release_groups(ctx.pool, claim.token, &ids, &reason).await
+    // A shutdown or a lost commit race is not the groups' fault: give them back without
+    // counting an attempt. A lost claim has nothing left to give back.
+    let released = match &err {
+        Error::Shutdown | Error::Queue(trainq_queue::Error::StepTaken { .. }) => {
+            unclaim_groups(ctx.pool, claim.token, &ids).await
+        }
+        Error::Queue(trainq_queue::Error::LostClaim { .. }) => Ok(()),
+        _ => release_groups(ctx.pool, claim.token, &ids, &reason).await,
     };
     match released {
-        Ok(()) | Err(Error::LostClaim { .. }) => {}
+        Ok(()) | Err(trainq_queue::Error::LostClaim { .. }) => {}
         Err(e) => tracing::warn!("could not release claim {}: {e} (the rescuer will)", claim.token),
     }
     ctx.engine.restore(ctx.committed_dir.as_deref()).await?;
@@ -252,7 +293,7 @@ fn step_record(
     let summary = summarize_trained(&prepared.trained, step - 1);
     StepRecord {
         model: ctx.opts.model.clone(),
-        step,
+        step: StepNumber(step),
         worker_id: ctx.opts.worker_id.clone(),
         async_weight_syncing: ctx.cfg.queue.async_weight_syncing,
         started_at,
@@ -274,7 +315,7 @@ fn step_record(
         policy_lag_min: summary.policy_lag_min,
         policy_lag_max: summary.policy_lag_max,
         timings,
-        devices: json!(ctx.opts.data_parallel.device_names(ctx.opts.device)),
+        devices: json!(ctx.opts.placement.device_names()),
         checkpoint_uri: Some(uploaded.uri.clone()),
         checkpoint_sha256: Some(uploaded.manifest_sha256.clone()),
     }

@@ -32,7 +32,7 @@ pub fn assert_same_files(original: &Path, fetched: &Path, files: &[(&str, usize)
     let mut expected: Vec<String> = files.iter().map(|(name, _)| name.to_string()).collect();
     expected.push("manifest.json".into());
     expected.sort();
-    assert_eq!(trainq::checkpoint::manifest::list_all_files(fetched).unwrap(), expected);
+    assert_eq!(trainq_queue::storage::manifest::list_all_files(fetched).unwrap(), expected);
     for (name, _) in files {
         let a = std::fs::read(original.join(name)).unwrap();
         let b = std::fs::read(fetched.join(name)).unwrap();

@@ -43,7 +43,7 @@ impl TestDb {
         sqlx::query(&format!("CREATE DATABASE {name}")).execute(&admin).await.expect("create test database");
         admin.close().await;
         let pool = pool_for(&url_of(&admin_url, &name, None), 20).await;
-        trainq::migrate(&pool).await.expect("migrations run");
+        trainq_queue::migrate(&pool).await.expect("migrations run");
         TestDb { pool, name, admin_url }
     }
 
@@ -59,7 +59,9 @@ impl TestDb {
 
     /// Registers model `name` with the default config.
     pub async fn create_model(&self, name: &str) {
-        trainq::db::create_model(&self.pool, &trainq::db::NewModel::new(name, "/models/base")).await.unwrap();
+        trainq_queue::db::create_model(&self.pool, &trainq_queue::db::NewModel::new(name, "/models/base"))
+            .await
+            .unwrap();
     }
 
     /// Number of rows in trainq.groups.

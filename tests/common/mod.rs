@@ -2,7 +2,6 @@
 //! S3-compatible server (moto) per test that needs one.
 #![allow(dead_code, unreachable_pub)]
 
-pub mod db;
 pub mod checkpoint_files;
+pub mod db;
 pub mod s3;
-pub mod tiny_worker;

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use object_store::{BackoffConfig, RetryConfig};
-use trainq::checkpoint::{Store, StoreOptions};
+use trainq_queue::storage::{Store, StoreOptions};
 
 /// The bucket every test server holds.
 pub const BUCKET: &str = "trainq-test";
@@ -82,11 +82,7 @@ impl MotoServer {
             max_backoff: Duration::from_millis(500),
             base: 2.0,
         };
-        StoreOptions {
-            config,
-            retry: RetryConfig { backoff, max_retries: 50, retry_timeout },
-            from_env: false,
-        }
+        StoreOptions { config, retry: RetryConfig { backoff, max_retries: 50, retry_timeout }, from_env: false }
     }
 
     /// A store on this server under `prefix`, retrying requests for up to 30 s.

@@ -8,10 +8,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
-use trainq::config::{LoraConfig, TrainConfig};
-use trainq::model::{HfConfig, Policy};
-use trainq::tokenize::MicroBatch;
-use trainq::train::Trainer;
+use trainq_engine::model::{HfConfig, Policy};
+use trainq_engine::tokenize::MicroBatch;
+use trainq_engine::train::Trainer;
+use trainq_queue::config::{LoraConfig, TrainConfig};
 
 /// Benchmarks.
 #[derive(Subcommand, Debug)]
@@ -106,7 +106,8 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
     };
     for (shape, mode, seq, micro, ckpt) in plan {
         let result = bench_one(&shape, &mode, seq, micro, ckpt, (args.warmup, args.steps), device, peak);
-        let line = result.unwrap_or_else(|e| json!({"shape": shape, "mode": mode, "ckpt": ckpt, "error": format!("{e:#}")}));
+        let line =
+            result.unwrap_or_else(|e| json!({"shape": shape, "mode": mode, "ckpt": ckpt, "error": format!("{e:#}")}));
         println!("{line}");
     }
     Ok(())
@@ -129,7 +130,8 @@ fn bench_one(
     cfg.max_tokens_per_micro_batch = (seq * micro) as usize;
     let mut policy = Policy::from_config(&hf, lora.as_ref(), device, 0).context("build the model")?;
     policy.set_activation_checkpointing(ckpt);
-    let n_params: i64 = policy.named_variables().iter().filter(|(n, _)| !n.contains("lora_")).map(|(_, t)| t.numel() as i64).sum();
+    let n_params: i64 =
+        policy.named_variables().iter().filter(|(n, _)| !n.contains("lora_")).map(|(_, t)| t.numel() as i64).sum();
     let mut trainer = Trainer::new(&cfg, device);
     let batch = random_batch(micro, seq, hf.vocab_size);
     let mut run_step = || -> Result<()> {
@@ -165,7 +167,8 @@ fn bench_one(
 /// One micro-batch of `micro` rows of `seq` random tokens, every target trained, random ±1
 /// advantages per row, no sampler log-probs (ratio 1).
 pub(crate) fn random_batch(micro: i64, seq: i64, vocab: i64) -> MicroBatch {
-    let ids: Vec<i64> = Tensor::randint(vocab, [micro * (seq + 1)], (Kind::Int64, Device::Cpu)).try_into().unwrap_or_default();
+    let ids: Vec<i64> =
+        Tensor::randint(vocab, [micro * (seq + 1)], (Kind::Int64, Device::Cpu)).try_into().unwrap_or_default();
     let mut b = MicroBatch { rows: micro as usize, cols: seq as usize, ..MicroBatch::default() };
     for r in 0..micro as usize {
         let row = &ids[r * (seq as usize + 1)..(r + 1) * (seq as usize + 1)];

@@ -7,11 +7,11 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
-use trainq::config::{LoraConfig, TrainConfig};
-use trainq::model::Policy;
-use trainq::tokenize::MicroBatch;
-use trainq::config::OptimizerConfig;
-use trainq::train::{to_tensors, AdamW, PolicyModel, Trainer};
+use trainq_engine::model::Policy;
+use trainq_engine::tokenize::MicroBatch;
+use trainq_engine::train::{to_tensors, AdamW, PolicyModel, Trainer};
+use trainq_queue::config::OptimizerConfig;
+use trainq_queue::config::{LoraConfig, TrainConfig};
 
 use super::bench::{random_batch, shape_config};
 
@@ -69,7 +69,8 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
     copy_weights(&cpu, &gpu)?;
     let mut batch = packed_batch(args.micro, args.seq, hf.vocab_size);
     // Off-policy sampler log-probs (f32 ones shifted by ±0.1), so that ratios differ from 1.
-    let lp_ref: Vec<f32> = tch::no_grad(|| cpu.batch_logprobs(&to_tensors(&batch, Device::Cpu)?))?.reshape([-1]).try_into()?;
+    let lp_ref: Vec<f32> =
+        tch::no_grad(|| cpu.batch_logprobs(&to_tensors(&batch, Device::Cpu)?))?.reshape([-1]).try_into()?;
     batch.sampler_logprobs = lp_ref.iter().enumerate().map(|(i, lp)| lp + 0.1 * (i as f32).sin()).collect();
     let (lp_cpu, loss_cpu, grad_cpu) = measure(&mut cpu, &batch, false)?;
     let (lp_gpu, loss_gpu, grad_gpu) = measure(&mut gpu, &batch, false)?;
@@ -172,8 +173,16 @@ fn measure(policy: &mut Policy, batch: &MicroBatch, checkpointing: bool) -> Resu
     let trainer = Trainer::new(&TrainConfig::default(), device);
     let t = to_tensors(batch, device)?;
     let lp = tch::no_grad(|| policy.batch_logprobs(&t))?.to_device(Device::Cpu).to_kind(Kind::Float);
-    let totals = trainer.accumulate_gradients(policy, std::slice::from_ref(batch), trainer.normalizer(std::slice::from_ref(batch)))?;
-    let grads: Vec<Tensor> = policy.trainable_variables().iter().map(|v| v.grad().to_device(Device::Cpu).to_kind(Kind::Float).reshape([-1])).collect();
+    let totals = trainer.accumulate_gradients(
+        policy,
+        std::slice::from_ref(batch),
+        trainer.normalizer(std::slice::from_ref(batch)),
+    )?;
+    let grads: Vec<Tensor> = policy
+        .trainable_variables()
+        .iter()
+        .map(|v| v.grad().to_device(Device::Cpu).to_kind(Kind::Float).reshape([-1]))
+        .collect();
     Ok((lp, totals.loss.double_value(&[]), Tensor::cat(&grads, 0)))
 }
 

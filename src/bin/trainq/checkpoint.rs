@@ -5,9 +5,10 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
-use trainq::checkpoint::store::step_dir_name;
-use trainq::checkpoint::{fetch_checkpoint, latest_complete_step, read_manifest, FetchOptions, Store};
-use trainq::db::steps::{checkpoint_at, latest_checkpoint};
+use trainq_queue::db::steps::{checkpoint_at, latest_checkpoint};
+use trainq_queue::storage::store::store_url_of;
+use trainq_queue::storage::{fetch_checkpoint, latest_complete_step, read_manifest, FetchOptions, Store};
+use trainq_queue::StepNumber;
 
 /// Checkpoint commands.
 #[derive(Subcommand)]
@@ -62,7 +63,7 @@ async fn fetch(args: FetchArgs) -> Result<()> {
     };
     let store_url = match (&args.store, &recorded) {
         (Some(url), _) => url.clone(),
-        (None, Some((step, uri))) => store_url_of(uri, &model, *step)?,
+        (None, Some((step, uri))) => store_url_of(uri, &model, *step).context("pass --store")?,
         (None, None) => bail!("--store (or TRAINQ_STORE) is required without --database-url"),
     };
     let store = Store::open(&store_url).with_context(|| format!("opening store {store_url}"))?;
@@ -95,7 +96,7 @@ async fn fetch(args: FetchArgs) -> Result<()> {
 
 /// With a database: the checkpoint row named by `step` (`latest` through
 /// `trainq.latest_checkpoint`), as (step, recorded URI).
-async fn recorded_checkpoint(database_url: &str, model: &str, step: &str) -> Result<Option<(u64, String)>> {
+async fn recorded_checkpoint(database_url: &str, model: &str, step: &str) -> Result<Option<(StepNumber, String)>> {
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect(database_url)
@@ -105,28 +106,22 @@ async fn recorded_checkpoint(database_url: &str, model: &str, step: &str) -> Res
         latest_checkpoint(&pool, model).await?.map(|c| (c.step, c.uri))
     } else {
         let step: i64 = step.parse().with_context(|| format!("--step {step:?} is neither a number nor `latest`"))?;
-        checkpoint_at(&pool, model, step).await?.map(|c| (c.step, c.uri))
+        checkpoint_at(&pool, model, StepNumber(step)).await?.map(|c| (c.step, c.uri))
     };
     pool.close().await;
     match found {
-        Some((step, uri)) => Ok(Some((step as u64, uri))),
+        Some((step, uri)) => Ok(Some((step, uri))),
         None => bail!("model {model:?} has no committed checkpoint at step {step}"),
     }
 }
 
 /// The store URL a recorded checkpoint URI (`{store}/{model}/checkpoints/{step:06}/`) lives in.
-fn store_url_of(uri: &str, model: &str, step: u64) -> Result<String> {
-    let tail = format!("/{model}/checkpoints/{}", step_dir_name(step));
-    match uri.trim_end_matches('/').strip_suffix(&tail) {
-        Some(store) if !store.is_empty() => Ok(store.to_string()),
-        _ => bail!("checkpoint URI {uri:?} does not end in {tail}/: pass --store"),
-    }
-}
-
-/// `latest` → the highest step with a manifest in the store; otherwise a step number.
-async fn resolve_step(store: &Store, model: &str, step: &str) -> Result<u64> {
+async fn resolve_step(store: &Store, model: &str, step: &str) -> Result<StepNumber> {
     if step != "latest" {
-        return step.parse().with_context(|| format!("--step {step:?} is neither a number nor `latest`"));
+        return step
+            .parse()
+            .map(StepNumber)
+            .with_context(|| format!("--step {step:?} is neither a number nor `latest`"));
     }
     match latest_complete_step(store, model).await? {
         Some(step) => Ok(step),

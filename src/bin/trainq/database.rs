@@ -50,7 +50,7 @@ pub(crate) struct MigrateArgs {
 pub(crate) fn run_migrate(args: MigrateArgs) -> Result<()> {
     block_on(async move {
         let pool = args.db.connect(2).await?;
-        trainq::migrate(&pool).await?;
+        trainq_queue::migrate(&pool).await?;
         let version: Option<i64> = sqlx::query_scalar("SELECT max(version) FROM _sqlx_migrations WHERE success")
             .fetch_one(&pool)
             .await

@@ -1,14 +1,21 @@
 //! The `trainq` command line: migrations, models, submission, status, workers, demo, benchmarks.
+//! Built without the `engine` feature it keeps the commands that need no libtorch (migrate,
+//! model, submit, status, steps, checkpoint fetch).
 
+#[cfg(feature = "engine")]
 mod bench;
+#[cfg(feature = "engine")]
 mod bench_check;
 mod checkpoint;
 mod database;
+#[cfg(feature = "engine")]
 mod demo;
 mod model;
 mod report;
+#[cfg(feature = "engine")]
 mod score;
 mod submit;
+#[cfg(feature = "engine")]
 mod worker;
 
 use anyhow::Result;
@@ -24,10 +31,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    #[cfg(feature = "engine")]
     /// Run the training worker for one model (the daemon of GPU boxes).
     Worker(worker::WorkerArgs),
+    #[cfg(feature = "engine")]
     /// Run the whole loop locally: tiny model, toy task, local PostgreSQL, file:// store.
     Demo(demo::DemoArgs),
+    #[cfg(feature = "engine")]
     /// Per-token log-probs of token sequences under a model (and adapter), as JSON lines.
     Score(score::ScoreArgs),
     /// Checkpoints in object storage (fetch).
@@ -44,6 +54,7 @@ enum Command {
     Status(report::StatusArgs),
     /// The recorded steps of a model.
     Steps(report::StepsArgs),
+    #[cfg(feature = "engine")]
     /// Benchmarks (training throughput on GPU).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -51,16 +62,16 @@ enum Command {
 
 fn main() -> Result<()> {
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
     match cli.command {
+        #[cfg(feature = "engine")]
         Command::Worker(args) => worker::run(args),
+        #[cfg(feature = "engine")]
         Command::Demo(args) => demo::run(args),
+        #[cfg(feature = "engine")]
         Command::Score(args) => score::run(args),
         Command::Checkpoint(command) => checkpoint::run(command),
         Command::Migrate(args) => database::run_migrate(args),
@@ -68,6 +79,7 @@ fn main() -> Result<()> {
         Command::Submit(args) => submit::run(args),
         Command::Status(args) => report::run_status(args),
         Command::Steps(args) => report::run_steps(args),
+        #[cfg(feature = "engine")]
         Command::Bench(command) => bench::run(command),
     }
 }

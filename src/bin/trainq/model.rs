@@ -2,8 +2,8 @@
 
 use anyhow::{Context, Result};
 use clap::Subcommand;
-use trainq::db::{self, NewModel};
-use trainq::TrainConfig;
+use trainq_queue::config::TrainConfig;
+use trainq_queue::db::{self, NewModel};
 
 use crate::database::{block_on, DatabaseArgs};
 

@@ -2,7 +2,7 @@
 
 use anyhow::Result;
 use chrono::Utc;
-use trainq::db::{self, QueueCounts, StepRecord};
+use trainq_queue::db::{self, QueueCounts, StepRecord};
 
 use crate::database::{block_on, DatabaseArgs};
 
@@ -59,8 +59,14 @@ pub(crate) fn run_status(args: StatusArgs) -> Result<()> {
         for c in &counts {
             println!(
                 "{:<20} {:>6} {:>8} {:>8} {:>8} {:>6}  {:<12} {}",
-                c.model, c.current_step, c.pending, c.claimed, c.trained, c.failed,
-                age_text(c.oldest_pending_seconds), skipped_text(c)
+                c.model,
+                c.current_step,
+                c.pending,
+                c.claimed,
+                c.trained,
+                c.failed,
+                age_text(c.oldest_pending_seconds),
+                skipped_text(c)
             );
         }
         let workers = db::list_workers(&pool, args.model.as_deref()).await?;
@@ -73,7 +79,11 @@ pub(crate) fn run_status(args: StatusArgs) -> Result<()> {
             let age = (Utc::now() - w.heartbeat_at).num_milliseconds() as f64 / 1000.0;
             println!(
                 "{:<28} {:<20} {:<16} {:>10}  {}",
-                w.id, w.host, w.model.unwrap_or_default(), format!("{} ago", age_text(Some(age.max(0.0)))), w.devices
+                w.id,
+                w.host,
+                w.model.unwrap_or_default(),
+                format!("{} ago", age_text(Some(age.max(0.0)))),
+                w.devices
             );
         }
         Ok(())

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use tch::{Device, Kind, Tensor};
-use trainq::checkpoint::peft::load_policy_with_adapter;
-use trainq::model::Policy;
+use trainq_engine::checkpoint::peft::load_policy_with_adapter;
+use trainq_engine::model::Policy;
 
 /// Arguments of `trainq score`.
 #[derive(clap::Args)]

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use sqlx::PgPool;
-use trainq::db::{self, sqlstate, NewGroup};
+use trainq_queue::db::{self, sqlstate, NewGroup};
 
 use crate::database::{block_on, DatabaseArgs};
 
@@ -48,7 +48,7 @@ fn parse_line(line: &str, default_model: Option<&str>) -> Result<NewGroup> {
 
 /// One line's failure as `[SQLSTATE] message` when it came from the database.
 fn describe(err: &anyhow::Error) -> String {
-    if let Some(trainq::Error::Database { source, .. }) = err.downcast_ref::<trainq::Error>() {
+    if let Some(trainq_queue::Error::Database { source, .. }) = err.downcast_ref::<trainq_queue::Error>() {
         if let (Some(code), Some(db_err)) = (sqlstate::code_of(source), source.as_database_error()) {
             return format!("[{code}] {}", db_err.message());
         }

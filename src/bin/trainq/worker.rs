@@ -6,8 +6,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
-use trainq::checkpoint::RetentionPolicy;
-use trainq::worker::{default_worker_id, run_worker, ConfigOverrides, DataParallel, WorkerOptions};
+use trainq::worker::{default_worker_id, run_worker, ConfigOverrides, WorkerOptions};
+use trainq_engine::engine::Placement;
+use trainq_queue::storage::RetentionPolicy;
 
 /// Settings of `trainq worker`; each flag can also come from the environment (TRAINQ_*).
 #[derive(Args, Debug)]
@@ -97,12 +98,13 @@ pub(crate) fn run(args: WorkerArgs) -> Result<()> {
         None => WorkerFile::default(),
     };
     let device = parse_device(args.device.as_deref().or(file.device.as_deref()))?;
-    let mut opts = WorkerOptions::new(&args.model, &args.store, device);
+    let mut opts = WorkerOptions::new(&args.model, &args.store, Placement::One(device));
     if let Some(gpus) = args.gpus.as_deref().or(file.gpus.as_deref()) {
         let visible = usize::try_from(tch::Cuda::device_count()).unwrap_or(0);
-        opts.data_parallel = DataParallel::from_gpus_flag(gpus, visible).map_err(anyhow::Error::msg)?;
-        if opts.data_parallel == DataParallel::Off && !opts.device.is_cuda() {
-            opts.device = tch::Device::Cuda(0);
+        let placement = Placement::from_gpus_flag(gpus, visible).map_err(anyhow::Error::msg)?;
+        // `--gpus 1` with an explicit `--device cuda:N` keeps that device.
+        if !(matches!(placement, Placement::One(_)) && device.is_cuda()) {
+            opts.placement = placement;
         }
     }
     opts.worker_id = args.worker_id.unwrap_or_else(default_worker_id);
@@ -151,7 +153,8 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
     }
     #[cfg(not(unix))]

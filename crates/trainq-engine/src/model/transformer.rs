@@ -1,0 +1,208 @@
+//! The decoder-only transformer (Qwen3, Qwen2, Llama): one struct per HF submodule, Rust field
+//! names equal to checkpoint keys, packed documents kept apart by the attention mask.
+
+use tch::{nn, Kind, Tensor};
+
+use super::hf_config::{Architecture, HfConfig};
+use super::layers::{Init, Linear, LoraSpec, RmsNorm, RopeTables, RotaryEmbedding, TchResult};
+
+/// `self_attn`: GQA with RoPE, per-head q/k RMSNorm on Qwen3.
+#[derive(Debug)]
+pub(crate) struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    num_heads: i64,
+    num_kv_heads: i64,
+    head_dim: i64,
+}
+
+impl Attention {
+    fn new(path: nn::Path<'_>, cfg: &HfConfig, init: &Init, lora: Option<&LoraSpec>) -> TchResult<Self> {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim());
+        let (heads, kv) = (cfg.num_attention_heads, cfg.num_kv_heads());
+        let qkv_bias = cfg.qkv_bias();
+        let qwen3 = cfg.architecture() == Architecture::Qwen3;
+        let norm = |name: &str| RmsNorm::new(&path / name, d, cfg.rms_norm_eps, init);
+        Ok(Self {
+            q_proj: Linear::new(&path / "q_proj", h, heads * d, qkv_bias, init, lora)?,
+            k_proj: Linear::new(&path / "k_proj", h, kv * d, qkv_bias, init, lora)?,
+            v_proj: Linear::new(&path / "v_proj", h, kv * d, qkv_bias, init, lora)?,
+            o_proj: Linear::new(&path / "o_proj", heads * d, h, cfg.o_bias(), init, lora)?,
+            q_norm: if qwen3 { Some(norm("q_norm")?) } else { None },
+            k_norm: if qwen3 { Some(norm("k_norm")?) } else { None },
+            num_heads: heads,
+            num_kv_heads: kv,
+            head_dim: d,
+        })
+    }
+
+    /// (B, L, hidden) -> (B, L, hidden); `mask` (B, 1, L, L) bool, true = may attend, or `None`
+    /// for plain causal attention.
+    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> TchResult<Tensor> {
+        let (b, l) = (x.size()[0], x.size()[1]);
+        // (B, L, n*D) -> (B, L, n, D), normed per head and rotated in this layout (contiguous),
+        // then seen as (B, n, L, D) for attention.
+        let heads = |proj: &Linear, n: i64, norm: &Option<RmsNorm>| -> TchResult<Tensor> {
+            let t = proj.forward(x)?.f_view([b, l, n, self.head_dim])?;
+            match norm {
+                Some(norm) => norm.forward(&t),
+                None => Ok(t),
+            }
+        };
+        let q = rope.apply(&heads(&self.q_proj, self.num_heads, &self.q_norm)?)?.f_transpose(1, 2)?;
+        let k = rope.apply(&heads(&self.k_proj, self.num_kv_heads, &self.k_norm)?)?.f_transpose(1, 2)?;
+        let v = heads(&self.v_proj, self.num_kv_heads, &None)?.f_transpose(1, 2)?;
+        let gqa = self.num_heads != self.num_kv_heads;
+        // With a mask, CUDA's memory-efficient kernel takes no GQA: repeat k/v to every head
+        // (B, KV, L, D) -> (B, H, L, D); without one, flash attention handles GQA itself.
+        let (k, v, gqa) = match mask {
+            Some(_) if gqa => {
+                let groups = self.num_heads / self.num_kv_heads;
+                (
+                    k.f_repeat_interleave_self_int(groups, 1, None)?,
+                    v.f_repeat_interleave_self_int(groups, 1, None)?,
+                    false,
+                )
+            }
+            _ => (k, v, gqa),
+        };
+        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, mask, 0.0, mask.is_none(), None, gqa)?;
+        // (B, H, L, D) -> (B, L, H*D)
+        let y = y.f_transpose(1, 2)?.f_reshape([b, l, self.num_heads * self.head_dim])?;
+        self.o_proj.forward(&y)
+    }
+}
+
+/// `mlp`: SwiGLU, `down(silu(gate(x)) * up(x))`.
+#[derive(Debug)]
+pub(crate) struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn new(path: nn::Path<'_>, cfg: &HfConfig, init: &Init, lora: Option<&LoraSpec>) -> TchResult<Self> {
+        let (h, i, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias());
+        Ok(Self {
+            gate_proj: Linear::new(&path / "gate_proj", h, i, bias, init, lora)?,
+            up_proj: Linear::new(&path / "up_proj", h, i, bias, init, lora)?,
+            down_proj: Linear::new(&path / "down_proj", i, h, bias, init, lora)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> TchResult<Tensor> {
+        let gated = self.gate_proj.forward(x)?.f_silu()?.f_mul(&self.up_proj.forward(x)?)?;
+        self.down_proj.forward(&gated)
+    }
+}
+
+/// `model.layers.N`: pre-norm attention and MLP blocks with residuals.
+#[derive(Debug)]
+pub(crate) struct DecoderLayer {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    fn new(path: nn::Path<'_>, cfg: &HfConfig, init: &Init, lora: Option<&LoraSpec>) -> TchResult<Self> {
+        let eps = cfg.rms_norm_eps;
+        Ok(Self {
+            self_attn: Attention::new(&path / "self_attn", cfg, init, lora)?,
+            mlp: Mlp::new(&path / "mlp", cfg, init, lora)?,
+            input_layernorm: RmsNorm::new(&path / "input_layernorm", cfg.hidden_size, eps, init)?,
+            post_attention_layernorm: RmsNorm::new(&path / "post_attention_layernorm", cfg.hidden_size, eps, init)?,
+        })
+    }
+
+    pub(super) fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> TchResult<Tensor> {
+        let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, mask)?)?;
+        x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
+    }
+}
+
+/// `model` plus `lm_head`: embeddings, decoder layers, final norm, output projection.
+#[derive(Debug)]
+pub(crate) struct CausalLm {
+    pub(super) embed_tokens: Tensor,
+    pub(super) layers: Vec<DecoderLayer>,
+    pub(super) norm: RmsNorm,
+    pub(super) rotary: RotaryEmbedding,
+    /// (vocab, hidden); the same tensor as `embed_tokens` when embeddings are tied.
+    pub(crate) lm_head: Tensor,
+}
+
+impl CausalLm {
+    /// Creates every variable under `root` with HF's names (`model.layers.0.self_attn.q_proj.weight`…).
+    pub(crate) fn new(root: &nn::Path<'_>, cfg: &HfConfig, init: &Init, lora: Option<&LoraSpec>) -> TchResult<Self> {
+        let model = root / "model";
+        let embed_tokens =
+            init.weight(&(&model / "embed_tokens"), "weight", &[cfg.vocab_size, cfg.hidden_size], false)?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|i| DecoderLayer::new(&model / "layers" / i, cfg, init, lora))
+            .collect::<TchResult<Vec<_>>>()?;
+        let norm = RmsNorm::new(&model / "norm", cfg.hidden_size, cfg.rms_norm_eps, init)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed_tokens.shallow_clone()
+        } else {
+            init.weight(&(root / "lm_head"), "weight", &[cfg.vocab_size, cfg.hidden_size], false)?
+        };
+        let rotary = RotaryEmbedding::new(cfg, root.device(), init.kind)?;
+        Ok(Self { embed_tokens, layers, norm, rotary, lm_head })
+    }
+
+    /// Final hidden states (B, L, hidden) after the last norm, for `input_ids` and
+    /// `position_ids` (B, L); a position of 0 starts a new document. `packed` says whether a row
+    /// holds a second document when the caller knows (saves a device→host sync), else `None`.
+    pub(crate) fn hidden_states(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        packed: Option<bool>,
+    ) -> TchResult<Tensor> {
+        let mut x = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
+        let rope = self.rope_tables(position_ids, x.kind())?;
+        let mask = document_mask(position_ids, packed)?;
+        for layer in &self.layers {
+            x = layer.forward(&x, &rope, mask.as_ref())?;
+        }
+        self.norm.forward(&x)
+    }
+}
+
+impl CausalLm {
+    /// The rotary tables of a forward pass over `position_ids`, for this model's head counts.
+    pub(super) fn rope_tables(&self, position_ids: &Tensor, kind: Kind) -> TchResult<RopeTables> {
+        let (heads, kv_heads) =
+            self.layers.first().map_or((1, 1), |l| (l.self_attn.num_heads, l.self_attn.num_kv_heads));
+        self.rotary.tables(position_ids, kind, heads, kv_heads)
+    }
+}
+
+/// The attention mask (B, 1, L, L) for packed rows: token i attends to j iff j ≤ i and both lie
+/// in the same document (documents start where `position_ids` is 0). `None` when no row holds a
+/// second document, so that plain causal attention (and its fast kernels) applies. `packed`, when
+/// given, is that answer known on the host; otherwise it is read from the device (a sync).
+pub(crate) fn document_mask(position_ids: &Tensor, packed: Option<bool>) -> TchResult<Option<Tensor>> {
+    let l = position_ids.size()[1];
+    let starts = position_ids.f_eq(0)?;
+    let packed = match packed {
+        Some(packed) => packed,
+        None => l > 1 && starts.f_narrow(1, 1, l - 1)?.f_any()?.f_int64_value(&[])? != 0,
+    };
+    if !packed {
+        return Ok(None);
+    }
+    // (B, L) document index of each token
+    let doc = starts.f_cumsum(1, Kind::Int64)?;
+    // (B, L, 1) == (B, 1, L) -> (B, L, L)
+    let same = doc.f_unsqueeze(2)?.f_eq_tensor(&doc.f_unsqueeze(1)?)?;
+    let causal = Tensor::f_ones([l, l], (Kind::Bool, position_ids.device()))?.f_tril(0)?;
+    Ok(Some(same.f_logical_and(&causal)?.f_unsqueeze(1)?))
+}

@@ -1,0 +1,344 @@
+//! Typed training configuration: serde, documented defaults as named constants, `validate()`.
+//!
+//! A model's config is stored as jsonb in `trainq.models.config`; every field has a default, so
+//! `{}` is a valid config. The worker overlays its own command-line settings on top.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Default LoRA rank.
+pub const DEFAULT_LORA_RANK: i64 = 8;
+/// Default LoRA alpha (the update is scaled by alpha / rank).
+pub const DEFAULT_LORA_ALPHA: f64 = 16.0;
+/// Default LoRA target modules (Hugging Face module names).
+pub const DEFAULT_LORA_TARGETS: [&str; 7] =
+    ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"];
+/// Default AdamW learning rate.
+pub const DEFAULT_LEARNING_RATE: f64 = 1e-5;
+/// Default AdamW betas.
+pub const DEFAULT_BETAS: (f64, f64) = (0.9, 0.99);
+/// Default AdamW decoupled weight decay.
+pub const DEFAULT_WEIGHT_DECAY: f64 = 0.1;
+/// Default AdamW epsilon.
+pub const DEFAULT_ADAM_EPS: f64 = 1e-8;
+/// Default gradient-norm clip (0 disables clipping).
+pub const DEFAULT_MAX_GRAD_NORM: f64 = 1.0;
+/// Default PPO clip range below 1.
+pub const DEFAULT_CLIP_EPSILON: f64 = 0.2;
+/// Default KL coefficient (0 disables the KL term and the reference forward pass).
+pub const DEFAULT_KL_COEF: f64 = 0.0;
+/// Default longest trajectory, in tokens; longer ones make their group `too_long`.
+pub const DEFAULT_MAX_SEQ_LEN: usize = 4096;
+/// Default token budget of one packed micro-batch.
+pub const DEFAULT_MAX_TOKENS_PER_MICRO_BATCH: usize = 8192;
+/// Default number of groups claimed per step.
+pub const DEFAULT_GROUPS_PER_STEP: usize = 8;
+/// Default largest accepted `current_step − policy_version` when async weight syncing is on.
+pub const DEFAULT_MAX_STALENESS: i64 = 1;
+/// Default lease length of a claim, in seconds.
+pub const DEFAULT_LEASE_SECONDS: i64 = 600;
+/// Default number of claims of one group before it is marked failed.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 3;
+/// Default tolerance under which a group's reward std counts as zero.
+pub const DEFAULT_ZERO_VARIANCE_TOLERANCE: f64 = 1e-6;
+
+/// Everything that shapes a training step of one model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// LoRA settings; `None` trains every weight (full fine-tune).
+    pub lora: Option<LoraConfig>,
+    /// Optimizer settings.
+    pub optimizer: OptimizerConfig,
+    /// Policy-loss settings.
+    pub loss: LossConfig,
+    /// Advantage settings.
+    pub advantages: AdvantageConfig,
+    /// Queue and step settings.
+    pub queue: QueueConfig,
+    /// Longest trajectory in tokens; longer ones make their group `too_long`, never truncated.
+    pub max_seq_len: usize,
+    /// Token budget of one packed micro-batch (gradient accumulation runs over micro-batches).
+    pub max_tokens_per_micro_batch: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            lora: Some(LoraConfig::default()),
+            optimizer: OptimizerConfig::default(),
+            loss: LossConfig::default(),
+            advantages: AdvantageConfig::default(),
+            queue: QueueConfig::default(),
+            max_seq_len: DEFAULT_MAX_SEQ_LEN,
+            max_tokens_per_micro_batch: DEFAULT_MAX_TOKENS_PER_MICRO_BATCH,
+        }
+    }
+}
+
+/// LoRA adapter settings (PEFT's names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraConfig {
+    /// Rank `r` of the A (r × in) and B (out × r) matrices.
+    pub rank: i64,
+    /// `lora_alpha`; the update is scaled by alpha / rank.
+    pub alpha: f64,
+    /// Module names (e.g. `q_proj`) that get adapters.
+    pub target_modules: Vec<String>,
+}
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        Self {
+            rank: DEFAULT_LORA_RANK,
+            alpha: DEFAULT_LORA_ALPHA,
+            target_modules: DEFAULT_LORA_TARGETS.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+/// AdamW and gradient clipping.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimizerConfig {
+    /// Learning rate.
+    pub learning_rate: f64,
+    /// (β1, β2).
+    pub betas: (f64, f64),
+    /// Decoupled weight decay.
+    pub weight_decay: f64,
+    /// Adam epsilon.
+    pub eps: f64,
+    /// Clip the global gradient norm to this (0 disables).
+    pub max_grad_norm: f64,
+}
+
+impl Default for OptimizerConfig {
+    fn default() -> Self {
+        Self {
+            learning_rate: DEFAULT_LEARNING_RATE,
+            betas: DEFAULT_BETAS,
+            weight_decay: DEFAULT_WEIGHT_DECAY,
+            eps: DEFAULT_ADAM_EPS,
+            max_grad_norm: DEFAULT_MAX_GRAD_NORM,
+        }
+    }
+}
+
+/// Which policy loss to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LossKind {
+    /// PPO clipped surrogate.
+    #[default]
+    PpoClip,
+    /// CISPO: clipped, stop-gradient importance weight times the log-prob.
+    Cispo,
+}
+
+/// Where the importance ratio is formed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum RatioLevel {
+    /// One ratio per token.
+    #[default]
+    Token,
+    /// One ratio per sequence: the geometric mean of its token ratios (GSPO).
+    Sequence,
+}
+
+/// How per-token losses are averaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum LossNormalization {
+    /// Mean over all trained tokens of the step.
+    #[default]
+    TokenMean,
+    /// Mean over sequences of each sequence's token mean.
+    SequenceMean,
+}
+
+/// Policy-loss settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LossConfig {
+    /// PPO clip or CISPO.
+    pub kind: LossKind,
+    /// Token- or sequence-level (GSPO) importance ratio.
+    pub ratio_level: RatioLevel,
+    /// Clip range below 1 (ratio ≥ 1 − epsilon).
+    pub epsilon: f64,
+    /// Clip range above 1; `None` uses `epsilon`.
+    pub epsilon_high: Option<f64>,
+    /// Coefficient of the k3 KL estimate to the base model (LoRA disabled); 0 turns it off.
+    pub kl_coef: f64,
+    /// Token-mean or sequence-mean normalization.
+    pub normalization: LossNormalization,
+}
+
+impl Default for LossConfig {
+    fn default() -> Self {
+        Self {
+            kind: LossKind::PpoClip,
+            ratio_level: RatioLevel::Token,
+            epsilon: DEFAULT_CLIP_EPSILON,
+            epsilon_high: None,
+            kl_coef: DEFAULT_KL_COEF,
+            normalization: LossNormalization::TokenMean,
+        }
+    }
+}
+
+/// Group-relative advantage settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdvantageConfig {
+    /// Divide `r_i − mean_g` by `std_g + 1e-6`.
+    pub scale_rewards: bool,
+    /// A group whose population reward std is below this is skipped as `zero_variance`.
+    pub zero_variance_tolerance: f64,
+}
+
+impl Default for AdvantageConfig {
+    fn default() -> Self {
+        Self { scale_rewards: true, zero_variance_tolerance: DEFAULT_ZERO_VARIANCE_TOLERANCE }
+    }
+}
+
+/// Queue and step settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueueConfig {
+    /// Groups claimed per step.
+    pub groups_per_step: usize,
+    /// Accept groups sampled from older checkpoints (bounded by `max_staleness`).
+    pub async_weight_syncing: bool,
+    /// Largest accepted `current_step − policy_version` when `async_weight_syncing` is on.
+    pub max_staleness: i64,
+    /// Lease length of a claim, in seconds; a heartbeat extends it.
+    pub lease_seconds: i64,
+    /// Claims of one group before it is marked failed.
+    pub max_attempts: i32,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            groups_per_step: DEFAULT_GROUPS_PER_STEP,
+            async_weight_syncing: false,
+            max_staleness: DEFAULT_MAX_STALENESS,
+            lease_seconds: DEFAULT_LEASE_SECONDS,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Parses a config from JSON (missing fields take their defaults) and validates it.
+    pub fn from_json(value: &serde_json::Value) -> Result<Self> {
+        let cfg: TrainConfig =
+            serde_json::from_value(value.clone()).map_err(|e| Error::config("config", e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The largest policy lag a step accepts: 0 when on-policy, `max_staleness` when async.
+    pub fn accepted_staleness(&self) -> i64 {
+        if self.queue.async_weight_syncing {
+            self.queue.max_staleness
+        } else {
+            0
+        }
+    }
+
+    /// Checks ranges and consistency; the error names the field.
+    pub fn validate(&self) -> Result<()> {
+        if let Some(lora) = &self.lora {
+            check(lora.rank > 0, "lora.rank", "must be positive")?;
+            check(lora.alpha > 0.0, "lora.alpha", "must be positive")?;
+            check(!lora.target_modules.is_empty(), "lora.target_modules", "must not be empty")?;
+        }
+        let o = &self.optimizer;
+        check(o.learning_rate > 0.0 && o.learning_rate.is_finite(), "optimizer.learning_rate", "must be positive")?;
+        check(
+            (0.0..1.0).contains(&o.betas.0) && (0.0..1.0).contains(&o.betas.1),
+            "optimizer.betas",
+            "must lie in [0, 1)",
+        )?;
+        check(o.weight_decay >= 0.0, "optimizer.weight_decay", "must not be negative")?;
+        check(o.eps > 0.0, "optimizer.eps", "must be positive")?;
+        check(o.max_grad_norm >= 0.0, "optimizer.max_grad_norm", "must not be negative")?;
+        let l = &self.loss;
+        check(l.epsilon > 0.0 && l.epsilon < 1.0, "loss.epsilon", "must lie in (0, 1)")?;
+        check(l.epsilon_high.is_none_or(|e| e > 0.0), "loss.epsilon_high", "must be positive")?;
+        check(l.kl_coef >= 0.0, "loss.kl_coef", "must not be negative")?;
+        check(
+            self.advantages.zero_variance_tolerance >= 0.0,
+            "advantages.zero_variance_tolerance",
+            "must not be negative",
+        )?;
+        let q = &self.queue;
+        check(q.groups_per_step > 0, "queue.groups_per_step", "must be positive")?;
+        check(q.max_staleness >= 0, "queue.max_staleness", "must not be negative")?;
+        check(q.lease_seconds > 0, "queue.lease_seconds", "must be positive")?;
+        check(q.max_attempts > 0, "queue.max_attempts", "must be positive")?;
+        check(self.max_seq_len > 1, "max_seq_len", "must be at least 2")?;
+        check(
+            self.max_tokens_per_micro_batch >= self.max_seq_len,
+            "max_tokens_per_micro_batch",
+            "must be at least max_seq_len, so any accepted trajectory fits",
+        )?;
+        Ok(())
+    }
+}
+
+fn check(ok: bool, field: &str, message: &str) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::config(field, message))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_json_gives_the_documented_defaults() {
+        let cfg = TrainConfig::from_json(&serde_json::json!({})).unwrap();
+        assert_eq!(cfg, TrainConfig::default());
+        assert_eq!(cfg.lora.as_ref().unwrap().rank, DEFAULT_LORA_RANK);
+        assert_eq!(cfg.optimizer.betas, (0.9, 0.99));
+    }
+
+    #[test]
+    fn null_lora_means_full_fine_tune() {
+        let cfg = TrainConfig::from_json(&serde_json::json!({"lora": null})).unwrap();
+        assert!(cfg.lora.is_none());
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_the_field_name() {
+        let err = TrainConfig::from_json(&serde_json::json!({"lora": {"rank": 0}})).unwrap_err();
+        assert!(err.to_string().contains("lora.rank"), "{err}");
+        let err = TrainConfig::from_json(&serde_json::json!({"loss": {"epsilon": 1.5}})).unwrap_err();
+        assert!(err.to_string().contains("loss.epsilon"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        assert!(TrainConfig::from_json(&serde_json::json!({"lora_rank": 4})).is_err());
+    }
+
+    #[test]
+    fn on_policy_accepts_no_staleness() {
+        let mut cfg = TrainConfig::default();
+        cfg.queue.max_staleness = 3;
+        assert_eq!(cfg.accepted_staleness(), 0);
+        cfg.queue.async_weight_syncing = true;
+        assert_eq!(cfg.accepted_staleness(), 3);
+    }
+}
