@@ -1,8 +1,10 @@
-//! Activation checkpointing (staged recomputation) gives the same gradients as the plain
-//! backward: tiny Qwen3 in f32, LoRA and full fine-tune, packed micro-batches, KL reference on.
+//! Two ways of computing the same step give the same numbers, on a tiny GQA Qwen3 in f32 with
+//! packed micro-batches and the KL reference on: activation checkpointing (staged recomputation)
+//! against the plain backward, and packed attention per document segment (no mask, native GQA)
+//! against the dense document mask with K/V repeated to every head.
 
 use tch::{Device, Kind, Tensor};
-use trainq_engine::model::{tiny_qwen3_config, BatchSummary, Policy};
+use trainq_engine::model::{tiny_qwen3_config, BatchSummary, PackedAttention, Policy};
 use trainq_engine::tokenize::{pack, MicroBatch, PackItem, TokenizedTrajectory};
 use trainq_engine::train::Trainer;
 use trainq_queue::config::{LoraConfig, TrainConfig};
@@ -56,23 +58,68 @@ fn gradients(policy: &mut Policy, batches: &[MicroBatch], checkpointing: bool) -
     (grads, totals.loss.double_value(&[]))
 }
 
-fn assert_same_gradients_with_and_without_checkpointing(lora: bool) {
+fn packed_batches_checked() -> Vec<MicroBatch> {
     let batches = packed_batches();
     assert!(batches.len() >= 2, "several micro-batches");
     let packed = |b: &MicroBatch| BatchSummary::of(&b.input_ids, &b.position_ids, &b.targets, b.cols).packed;
     assert!(batches.iter().any(packed), "some row holds two documents");
-    let mut policy = policy(lora);
-    let (plain, plain_loss) = gradients(&mut policy, &batches, false);
-    let (checkpointed, checkpointed_loss) = gradients(&mut policy, &batches, true);
-    assert!((plain_loss - checkpointed_loss).abs() < 1e-6, "{plain_loss} vs {checkpointed_loss}");
-    assert_eq!(plain.len(), checkpointed.len());
-    for ((name, want), (_, got)) in plain.iter().zip(&checkpointed) {
-        assert!(got.defined(), "{name} got no gradient with checkpointing");
+    batches
+}
+
+fn assert_same_gradients(what: &str, want: &(Vec<(String, Tensor)>, f64), got: &(Vec<(String, Tensor)>, f64)) {
+    let ((want, want_loss), (got, got_loss)) = (want, got);
+    assert!((want_loss - got_loss).abs() < 1e-6, "{what}: loss {want_loss} vs {got_loss}");
+    assert_eq!(want.len(), got.len());
+    for ((name, want), (_, got)) in want.iter().zip(got) {
+        assert!(got.defined(), "{what}: {name} got no gradient");
         let scale = want.abs().max().double_value(&[]);
         assert!(scale > 0.0, "{name} has a zero gradient: the test would prove nothing");
         let diff = (got - want).abs().max().double_value(&[]);
-        assert!(diff <= 1e-5 * scale.max(1.0), "{name}: gradients differ by {diff} (scale {scale})");
+        assert!(diff <= 1e-5 * scale.max(1.0), "{what}: {name}: gradients differ by {diff} (scale {scale})");
     }
+}
+
+fn assert_same_gradients_with_and_without_checkpointing(lora: bool) {
+    let batches = packed_batches_checked();
+    let mut policy = policy(lora);
+    let plain = gradients(&mut policy, &batches, false);
+    let checkpointed = gradients(&mut policy, &batches, true);
+    assert_same_gradients("checkpointing", &plain, &checkpointed);
+}
+
+/// Per-segment attention against the dense mask, for the loss, every gradient and the log-probs
+/// themselves, with and without activation checkpointing.
+fn assert_segments_equal_the_dense_mask(lora: bool) {
+    let batches = packed_batches_checked();
+    let mut policy = policy(lora);
+    for checkpointing in [false, true] {
+        policy.set_packed_attention(PackedAttention::DenseMask);
+        let masked = gradients(&mut policy, &batches, checkpointing);
+        policy.set_packed_attention(PackedAttention::Segments);
+        let segments = gradients(&mut policy, &batches, checkpointing);
+        assert_same_gradients("segments vs mask", &masked, &segments);
+    }
+    let b = &batches[0];
+    let shape = [b.rows as i64, b.cols as i64];
+    let t = |v: &[i64]| Tensor::from_slice(v).reshape(shape);
+    let logprobs = |policy: &Policy| {
+        tch::no_grad(|| policy.token_logprobs(&t(&b.input_ids), &t(&b.position_ids), &t(&b.targets)).unwrap())
+    };
+    let segments = logprobs(&policy);
+    policy.set_packed_attention(PackedAttention::DenseMask);
+    let masked = logprobs(&policy);
+    let diff = (&segments - &masked).abs().max().double_value(&[]);
+    assert!(diff < 1e-5, "log-probs differ by {diff}");
+}
+
+#[test]
+fn packed_attention_per_segment_equals_the_dense_mask_for_lora() {
+    assert_segments_equal_the_dense_mask(true);
+}
+
+#[test]
+fn packed_attention_per_segment_equals_the_dense_mask_for_a_full_fine_tune() {
+    assert_segments_equal_the_dense_mask(false);
 }
 
 #[test]

@@ -55,6 +55,32 @@ pub(crate) struct TrainBenchArgs {
     /// Device: cuda (default when available) or cpu.
     #[arg(long)]
     device: Option<String>,
+    /// Packed rows of agent-like documents, as the worker trains them: lengths log-uniform in
+    /// [--doc-min, --doc-max] (seeded) until a step holds `seq × micro` tokens, packed by the
+    /// worker's packer; tokens/s counts real (non-pad) tokens.
+    #[arg(long)]
+    packed: bool,
+    /// Shortest document of --packed, in tokens.
+    #[arg(long, default_value_t = 300)]
+    doc_min: i64,
+    /// Longest document of --packed, in tokens (cut to --seq).
+    #[arg(long, default_value_t = 6000)]
+    doc_max: i64,
+    /// Write the --packed document lengths here (JSON), for the peer's `--docs`.
+    #[arg(long)]
+    docs_out: Option<std::path::PathBuf>,
+    /// Seed of the --packed document lengths.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// What one benchmark row trains on.
+#[derive(Debug, Clone)]
+struct Workload {
+    seq: i64,
+    micro: i64,
+    /// Document lengths of a packed step; `None`: `micro` full rows of one document each.
+    docs: Option<Vec<i64>>,
 }
 
 /// The peer's standard table: shape, mode, seq, micro, checkpointing.
@@ -104,11 +130,21 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
     } else {
         vec![(args.shape.clone(), args.mode.clone(), args.seq, args.micro, args.ckpt)]
     };
+    let bounds = (args.doc_min, args.doc_max);
+    let mut dumped = Vec::new();
     for (shape, mode, seq, micro, ckpt) in plan {
-        let result = bench_one(&shape, &mode, seq, micro, ckpt, (args.warmup, args.steps), device, peak);
+        let docs = args.packed.then(|| super::bench_docs::document_lengths(seq * micro, bounds, seq, args.seed));
+        if let Some(docs) = &docs {
+            dumped.push(super::bench_docs::docs_json(docs, seq, micro, bounds));
+        }
+        let work = Workload { seq, micro, docs };
+        let result = bench_one(&shape, &mode, &work, ckpt, (args.warmup, args.steps), device, peak);
         let line =
             result.unwrap_or_else(|e| json!({"shape": shape, "mode": mode, "ckpt": ckpt, "error": format!("{e:#}")}));
         println!("{line}");
+    }
+    if let Some(path) = &args.docs_out {
+        std::fs::write(path, serde_json::to_vec(&dumped)?).with_context(|| format!("write {}", path.display()))?;
     }
     Ok(())
 }
@@ -117,13 +153,13 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
 fn bench_one(
     shape: &str,
     mode: &str,
-    seq: i64,
-    micro: i64,
+    work: &Workload,
     ckpt: bool,
     (warmup, steps): (usize, usize),
     device: Device,
     peak: Option<f64>,
 ) -> Result<serde_json::Value> {
+    let (seq, micro) = (work.seq, work.micro);
     let hf = shape_config(shape)?;
     let lora = (mode == "lora").then(|| LoraConfig { rank: 8, alpha: 16.0, ..LoraConfig::default() });
     let mut cfg = TrainConfig { lora: lora.clone(), max_seq_len: seq as usize, ..TrainConfig::default() };
@@ -133,9 +169,15 @@ fn bench_one(
     let n_params: i64 =
         policy.named_variables().iter().filter(|(n, _)| !n.contains("lora_")).map(|(_, t)| t.numel() as i64).sum();
     let mut trainer = Trainer::new(&cfg, device);
-    let batch = random_batch(micro, seq, hf.vocab_size);
+    let (batches, real_tokens) = match &work.docs {
+        Some(docs) => {
+            (super::bench_docs::packed_batches(docs, seq, micro, hf.vocab_size, 0)?, docs.iter().sum::<i64>())
+        }
+        None => (vec![random_batch(micro, seq, hf.vocab_size)], micro * seq),
+    };
+    let padded_tokens: usize = batches.iter().map(|b| b.rows * b.cols).sum();
     let mut run_step = || -> Result<()> {
-        trainer.step(&mut policy, std::slice::from_ref(&batch))?;
+        trainer.step(&mut policy, &batches)?;
         Ok(())
     };
     for _ in 0..warmup {
@@ -148,8 +190,14 @@ fn bench_one(
     }
     sync(device);
     let dt = start.elapsed().as_secs_f64() / steps as f64;
-    let tokens = (micro * seq) as f64 / dt;
-    let fwd = 2.0 * n_params as f64 + 2.0 * (hf.num_hidden_layers * seq * hf.num_attention_heads * 128) as f64;
+    let tokens = real_tokens as f64 / dt;
+    // Attention FLOPs grow with the context a token sees: the row for plain rows (the peer's
+    // convention), the token-weighted mean document length for packed ones.
+    let context = match &work.docs {
+        Some(docs) => docs.iter().map(|&d| d * d).sum::<i64>() as f64 / real_tokens.max(1) as f64,
+        None => seq as f64,
+    };
+    let fwd = 2.0 * n_params as f64 + 2.0 * (hf.num_hidden_layers * hf.num_attention_heads * 128) as f64 * context;
     let factor = if mode == "full" { 3.0 } else { 2.0 } + if ckpt { 1.0 } else { 0.0 };
     let tflops = fwd * factor * tokens / 1e12;
     let mut res = json!({
@@ -158,6 +206,12 @@ fn bench_one(
         "step_s": (dt * 1e4).round() / 1e4, "model_tflops": (tflops * 10.0).round() / 10.0,
         "peak_mem_gib": device_memory_used_gib(device),
     });
+    if let Some(docs) = &work.docs {
+        res["packed"] = json!({
+            "docs": docs.len(), "real_tokens": real_tokens, "padded_tokens": padded_tokens,
+            "micro_batches": batches.len(), "doc_tokens": [docs.iter().min(), docs.iter().max()],
+        });
+    }
     if let Some(peak) = peak {
         res["mfu"] = json!((tflops / peak * 1000.0).round() / 1000.0);
     }

@@ -1,13 +1,14 @@
 //! `trainq bench check`: the bf16 CUDA path against the f32 CPU path on the same random Qwen3
 //! weights and packed batch (log-probs, loss, gradients), plus activation checkpointing on CUDA
-//! against the plain backward, and the fused CUDA AdamW kernel against the tensor-op AdamW,
-//! printed as one JSON line with pass/fail per check.
+//! against the plain backward, packed attention per document segment against the dense document
+//! mask on CUDA, and the fused CUDA AdamW kernel against the tensor-op AdamW, printed as one JSON
+//! line with pass/fail per check.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
-use trainq_engine::model::Policy;
+use trainq_engine::model::{PackedAttention, Policy};
 use trainq_engine::tokenize::MicroBatch;
 use trainq_engine::train::{to_tensors, AdamW, PolicyModel, Trainer};
 use trainq_queue::config::OptimizerConfig;
@@ -75,9 +76,14 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
     let (lp_cpu, loss_cpu, grad_cpu) = measure(&mut cpu, &batch, false)?;
     let (lp_gpu, loss_gpu, grad_gpu) = measure(&mut gpu, &batch, false)?;
     let (_, loss_ckpt, grad_ckpt) = measure(&mut gpu, &batch, true)?;
-    let trained = batch.loss_mask.iter().filter(|&&m| m).count().max(1) as f64;
+    // The packed rows through the dense document mask (K/V repeated) instead of per segment.
+    gpu.set_packed_attention(PackedAttention::DenseMask);
+    let (lp_mask, loss_mask, grad_mask) = measure(&mut gpu, &batch, false)?;
+    gpu.set_packed_attention(PackedAttention::Segments);
+    let seg_vs_mask = (&lp_gpu - &lp_mask).abs().sum(Kind::Double).double_value(&[]) / trained_tokens(&batch);
+    let cos_seg_mask = cosine(&grad_gpu, &grad_mask);
     let diff = (&lp_gpu - &lp_cpu).abs();
-    let lp_mean = diff.sum(Kind::Double).double_value(&[]) / trained;
+    let lp_mean = diff.sum(Kind::Double).double_value(&[]) / trained_tokens(&batch);
     let lp_max = diff.max().double_value(&[]);
     let loss_diff = (loss_gpu - loss_cpu).abs();
     let cos_bf16 = cosine(&grad_gpu, &grad_cpu);
@@ -89,6 +95,8 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
         "grads_bf16_vs_f32": cos_bf16 >= GRAD_COSINE_MIN, "grads_ckpt_vs_plain": cos_ckpt >= GRAD_COSINE_MIN,
         "adamw_fused_vs_ops": adamw_f32 <= ADAMW_F32_TOLERANCE && adamw_bf16 <= ADAMW_BF16_TOLERANCE,
         "adamw_fused_ran_on_cuda": !device.is_cuda() || (fused_f32 && fused_bf16),
+        "packed_segments_vs_mask": seg_vs_mask <= LOGPROB_MEAN_TOLERANCE && cos_seg_mask >= GRAD_COSINE_MIN
+            && (loss_mask - loss_gpu).abs() <= LOSS_ABS_TOLERANCE,
     });
     let ok = checks.as_object().is_some_and(|m| m.values().all(|v| v == &json!(true)));
     println!(
@@ -101,6 +109,7 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
             "grad_cosine_bf16_vs_f32": cos_bf16, "grad_cosine_ckpt_vs_plain": cos_ckpt,
             "grad_norm_f32_cpu": norm(&grad_cpu), "grad_norm_bf16_cuda": norm(&grad_gpu),
             "adamw_fused_ran": fused_f32 && fused_bf16, "adamw_fused_vs_ops_f32": adamw_f32, "adamw_fused_vs_ops_bf16": adamw_bf16,
+            "packed_segments_vs_mask": {"logprob_mean_abs_diff": seg_vs_mask, "grad_cosine": cos_seg_mask, "loss_mask": loss_mask},
             "tolerances": {"logprob_mean": LOGPROB_MEAN_TOLERANCE, "loss_abs": LOSS_ABS_TOLERANCE, "grad_cosine_min": GRAD_COSINE_MIN},
         })
     );
@@ -184,6 +193,11 @@ fn measure(policy: &mut Policy, batch: &MicroBatch, checkpointing: bool) -> Resu
         .map(|v| v.grad().to_device(Device::Cpu).to_kind(Kind::Float).reshape([-1]))
         .collect();
     Ok((lp, totals.loss.double_value(&[]), Tensor::cat(&grads, 0)))
+}
+
+/// Trained positions of `batch` (at least 1), the denominator of the mean log-prob differences.
+fn trained_tokens(batch: &MicroBatch) -> f64 {
+    batch.loss_mask.iter().filter(|&&m| m).count().max(1) as f64
 }
 
 fn norm(t: &Tensor) -> f64 {

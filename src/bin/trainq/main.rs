@@ -6,6 +6,8 @@
 mod bench;
 #[cfg(feature = "engine")]
 mod bench_check;
+#[cfg(feature = "engine")]
+mod bench_docs;
 mod checkpoint;
 mod database;
 #[cfg(feature = "engine")]

@@ -12,14 +12,14 @@
 use tch::{Kind, Tensor};
 
 use super::layers::{RopeTables, TchResult};
-use super::transformer::{document_mask, CausalLm};
+use super::transformer::{CausalLm, DocumentLayout};
 
 /// What the checkpointed forward keeps for the backward walk.
 #[derive(Debug)]
 pub(crate) struct SavedActivations {
     input_ids: Tensor,
     rope: RopeTables,
-    mask: Option<Tensor>,
+    layout: DocumentLayout,
     /// Input of each decoder layer (the embeddings first), detached.
     layer_inputs: Vec<Tensor>,
     /// The last layer's output as the leaf the loss backward stops at.
@@ -41,23 +41,22 @@ impl CausalLm {
         &self,
         input_ids: &Tensor,
         position_ids: &Tensor,
-        packed: Option<bool>,
+        layout: DocumentLayout,
     ) -> TchResult<(Tensor, SavedActivations)> {
-        let (rope, mask, layer_inputs, last) = tch::no_grad(|| -> TchResult<_> {
+        let (rope, layer_inputs, last) = tch::no_grad(|| -> TchResult<_> {
             let mut x = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
             let rope = self.rope_tables(position_ids, x.kind())?;
-            let mask = document_mask(position_ids, packed)?;
             let mut layer_inputs = Vec::with_capacity(self.layers.len());
             for layer in &self.layers {
-                let next = layer.forward(&x, &rope, mask.as_ref())?;
+                let next = layer.forward(&x, &rope, &layout)?;
                 layer_inputs.push(x);
                 x = next;
             }
-            Ok((rope, mask, layer_inputs, x))
+            Ok((rope, layer_inputs, x))
         })?;
         let last_output = last.f_detach()?.set_requires_grad(true);
         let hidden = self.norm.forward(&last_output)?;
-        let saved = SavedActivations { input_ids: input_ids.shallow_clone(), rope, mask, layer_inputs, last_output };
+        let saved = SavedActivations { input_ids: input_ids.shallow_clone(), rope, layout, layer_inputs, last_output };
         Ok((hidden, saved))
     }
 
@@ -74,7 +73,7 @@ impl CausalLm {
             // Layer 0's input gradient only matters for a trainable embedding.
             let needs_input_grad = l > 0 || embed_trains;
             let x = input.f_detach()?.set_requires_grad(needs_input_grad);
-            let out = layer.forward(&x, &saved.rope, saved.mask.as_ref())?;
+            let out = layer.forward(&x, &saved.rope, &saved.layout)?;
             if !out.requires_grad() {
                 return Ok(()); // nothing below trains
             }

@@ -15,3 +15,4 @@ pub mod weights;
 
 pub use hf_config::{tiny_qwen3_config, Architecture, HfConfig};
 pub use policy::{default_kind, is_lora_name, BatchSummary, Policy};
+pub use transformer::{segment_lengths, PackedAttention};

@@ -12,7 +12,7 @@ use super::activation_checkpointing::{grad_mode_enabled, SavedActivations};
 use super::hf_config::HfConfig;
 use super::layers::{Init, LoraSpec, TchResult};
 use super::logprobs::{chunked_logprobs, PendingLmHeadGrad};
-use super::transformer::CausalLm;
+use super::transformer::{segment_lengths, CausalLm, DocumentLayout, PackedAttention};
 use super::weights::{fill_variables, weight_files};
 use crate::error::{Error, Result};
 use trainq_queue::config::LoraConfig;
@@ -30,6 +30,7 @@ pub struct Policy {
     lora_enabled: Arc<AtomicBool>,
     kind: Kind,
     checkpointing: bool,
+    packed_attention: PackedAttention,
     /// The last checkpointed forward's activations and whether LoRA was on, until
     /// [`Policy::finish_backward`].
     saved: Mutex<Option<(SavedActivations, bool)>>,
@@ -40,7 +41,7 @@ pub struct Policy {
 
 /// Facts about a batch read on the host before it was copied to the device, so the forward
 /// needs no device→host sync to validate ids or to choose between causal and masked attention.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchSummary {
     /// Smallest input id.
     pub min_input_id: i64,
@@ -48,6 +49,9 @@ pub struct BatchSummary {
     pub max_id: i64,
     /// Whether some row holds a second document (a position 0 after its first column).
     pub packed: bool,
+    /// Lengths of the documents and padding runs, row by row (sum B·L): the segments packed
+    /// attention runs over.
+    pub segments: Vec<i64>,
 }
 
 impl BatchSummary {
@@ -55,8 +59,9 @@ impl BatchSummary {
     pub fn of(input_ids: &[i64], position_ids: &[i64], targets: &[i64], cols: usize) -> Self {
         let min_input_id = input_ids.iter().copied().min().unwrap_or(0);
         let max_id = input_ids.iter().chain(targets).copied().max().unwrap_or(0);
-        let packed = cols > 0 && position_ids.iter().enumerate().any(|(i, &p)| p == 0 && i % cols != 0);
-        Self { min_input_id, max_id, packed }
+        let segments = segment_lengths(position_ids, cols);
+        let rows = position_ids.len().checked_div(cols).unwrap_or(0);
+        Self { min_input_id, max_id, packed: segments.len() > rows, segments }
     }
 }
 
@@ -123,6 +128,7 @@ impl Policy {
             lora_enabled,
             kind,
             checkpointing: false,
+            packed_attention: PackedAttention::default(),
             saved,
             pending_head,
         })
@@ -150,7 +156,7 @@ impl Policy {
     ) -> Result<Tensor> {
         self.check_batch(input_ids, position_ids, Some(targets))?;
         self.check_id_range(summary.min_input_id, summary.max_id)?;
-        self.logprobs_of_checked(input_ids, position_ids, targets, Some(summary.packed))
+        self.logprobs_of_checked(input_ids, position_ids, targets, Some(&summary.segments))
     }
 
     fn logprobs_of_checked(
@@ -158,7 +164,7 @@ impl Policy {
         input_ids: &Tensor,
         position_ids: &Tensor,
         targets: &Tensor,
-        packed: Option<bool>,
+        segments: Option<&[i64]>,
     ) -> Result<Tensor> {
         if grad_mode_enabled() {
             // A forward whose backward never ran (an error in between) leaves nothing behind.
@@ -166,12 +172,13 @@ impl Policy {
             self.saved.lock().unwrap_or_else(|e| e.into_inner()).take();
         }
         let run = || -> TchResult<Tensor> {
+            let layout = DocumentLayout::of(position_ids, segments, self.packed_attention)?;
             let hidden = if self.checkpointing && grad_mode_enabled() {
-                let (hidden, saved) = self.lm.hidden_states_checkpointed(input_ids, position_ids, packed)?;
+                let (hidden, saved) = self.lm.hidden_states_checkpointed(input_ids, position_ids, layout)?;
                 *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((saved, self.lora_enabled()));
                 hidden
             } else {
-                self.lm.hidden_states(input_ids, position_ids, packed)?
+                self.lm.hidden_states(input_ids, position_ids, &layout)?
             };
             let (b, l, h) = hidden.size3()?;
             // (B, L, H) -> (B*L, H)
@@ -188,7 +195,10 @@ impl Policy {
     /// Full logits (B, L, vocab) in the model's dtype; for parity tests and small inputs only.
     pub fn logits(&self, input_ids: &Tensor, position_ids: &Tensor) -> Result<Tensor> {
         self.check_batch(input_ids, position_ids, None)?;
-        let run = || self.lm.hidden_states(input_ids, position_ids, None)?.f_linear::<Tensor>(&self.lm.lm_head, None);
+        let run = || {
+            let layout = DocumentLayout::of(position_ids, None, self.packed_attention)?;
+            self.lm.hidden_states(input_ids, position_ids, &layout)?.f_linear::<Tensor>(&self.lm.lm_head, None)
+        };
         run().map_err(Error::torch("logits"))
     }
 
@@ -223,6 +233,12 @@ impl Policy {
         if !enabled {
             *self.saved.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
         }
+    }
+
+    /// How rows holding several documents attend: per document segment (the default) or through
+    /// the dense document mask (the reference path; `bench check` compares the two).
+    pub fn set_packed_attention(&mut self, packed: PackedAttention) {
+        self.packed_attention = packed;
     }
 
     /// Whether activation checkpointing is on.

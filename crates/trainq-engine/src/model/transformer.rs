@@ -1,5 +1,5 @@
 //! The decoder-only transformer (Qwen3, Qwen2, Llama): one struct per HF submodule, Rust field
-//! names equal to checkpoint keys, packed documents kept apart by the attention mask.
+//! names equal to checkpoint keys, packed documents kept apart in attention ([`DocumentLayout`]).
 
 use tch::{nn, Kind, Tensor};
 
@@ -40,9 +40,8 @@ impl Attention {
         })
     }
 
-    /// (B, L, hidden) -> (B, L, hidden); `mask` (B, 1, L, L) bool, true = may attend, or `None`
-    /// for plain causal attention.
-    fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> TchResult<Tensor> {
+    /// (B, L, hidden) -> (B, L, hidden), documents kept apart as `layout` says.
+    fn forward(&self, x: &Tensor, rope: &RopeTables, layout: &DocumentLayout) -> TchResult<Tensor> {
         let (b, l) = (x.size()[0], x.size()[1]);
         // (B, L, n*D) -> (B, L, n, D), normed per head and rotated in this layout (contiguous),
         // then seen as (B, n, L, D) for attention.
@@ -53,10 +52,20 @@ impl Attention {
                 None => Ok(t),
             }
         };
-        let q = rope.apply(&heads(&self.q_proj, self.num_heads, &self.q_norm)?)?.f_transpose(1, 2)?;
-        let k = rope.apply(&heads(&self.k_proj, self.num_kv_heads, &self.k_norm)?)?.f_transpose(1, 2)?;
-        let v = heads(&self.v_proj, self.num_kv_heads, &None)?.f_transpose(1, 2)?;
+        let q = rope.apply(&heads(&self.q_proj, self.num_heads, &self.q_norm)?)?;
+        let k = rope.apply(&heads(&self.k_proj, self.num_kv_heads, &self.k_norm)?)?;
+        let v = heads(&self.v_proj, self.num_kv_heads, &None)?;
         let gqa = self.num_heads != self.num_kv_heads;
+        let mask = match layout {
+            DocumentLayout::Causal => None,
+            DocumentLayout::Mask(mask) => Some(mask),
+            DocumentLayout::Segments(lengths) => {
+                let y = segment_attention(&q, &k, &v, lengths, gqa)?;
+                return self.o_proj.forward(&y.f_reshape([b, l, self.num_heads * self.head_dim])?);
+            }
+        };
+        // (B, L, n, D) -> (B, n, L, D)
+        let (q, k, v) = (q.f_transpose(1, 2)?, k.f_transpose(1, 2)?, v.f_transpose(1, 2)?);
         // With a mask, CUDA's memory-efficient kernel takes no GQA: repeat k/v to every head
         // (B, KV, L, D) -> (B, H, L, D); without one, flash attention handles GQA itself.
         let (k, v, gqa) = match mask {
@@ -121,8 +130,8 @@ impl DecoderLayer {
         })
     }
 
-    pub(super) fn forward(&self, x: &Tensor, rope: &RopeTables, mask: Option<&Tensor>) -> TchResult<Tensor> {
-        let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, mask)?)?;
+    pub(super) fn forward(&self, x: &Tensor, rope: &RopeTables, layout: &DocumentLayout) -> TchResult<Tensor> {
+        let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, layout)?)?;
         x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
     }
 }
@@ -158,19 +167,17 @@ impl CausalLm {
     }
 
     /// Final hidden states (B, L, hidden) after the last norm, for `input_ids` and
-    /// `position_ids` (B, L); a position of 0 starts a new document. `packed` says whether a row
-    /// holds a second document when the caller knows (saves a device→host sync), else `None`.
+    /// `position_ids` (B, L); documents are kept apart as `layout` says.
     pub(crate) fn hidden_states(
         &self,
         input_ids: &Tensor,
         position_ids: &Tensor,
-        packed: Option<bool>,
+        layout: &DocumentLayout,
     ) -> TchResult<Tensor> {
         let mut x = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
         let rope = self.rope_tables(position_ids, x.kind())?;
-        let mask = document_mask(position_ids, packed)?;
         for layer in &self.layers {
-            x = layer.forward(&x, &rope, mask.as_ref())?;
+            x = layer.forward(&x, &rope, layout)?;
         }
         self.norm.forward(&x)
     }
@@ -185,24 +192,127 @@ impl CausalLm {
     }
 }
 
+/// How packed documents are kept apart in attention. A document starts where `position_ids`
+/// is 0; padding at the end of a row is a document of its own (its outputs are never trained).
+#[derive(Debug)]
+pub(crate) enum DocumentLayout {
+    /// Every row holds one document: plain causal attention on the fastest kernels.
+    Causal,
+    /// Rows hold several documents: causal attention per segment, with no L×L mask and with
+    /// GQA kept native. `lengths` are the segments in row-major order (they sum to B·L).
+    Segments(Vec<i64>),
+    /// The dense (B, 1, L, L) document mask with K/V repeated to every head: the reference
+    /// the segment path is tested against, and what `bench check` compares.
+    Mask(Tensor),
+}
+
+/// Which packed-attention path a policy uses for rows that hold several documents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PackedAttention {
+    /// Causal attention per document segment (no mask; native GQA). The default.
+    #[default]
+    Segments,
+    /// The dense (B, 1, L, L) mask (the reference path).
+    DenseMask,
+}
+
+impl DocumentLayout {
+    /// The layout of a batch from its segment lengths read on the host (`None`: read
+    /// `position_ids` from the device, a sync).
+    pub(crate) fn of(position_ids: &Tensor, segments: Option<&[i64]>, packed: PackedAttention) -> TchResult<Self> {
+        let (rows, cols) = position_ids.size2()?;
+        let owned;
+        let lengths = match segments {
+            Some(lengths) => lengths,
+            None => {
+                let host = Vec::<i64>::try_from(&position_ids.f_reshape([rows * cols])?.f_to(tch::Device::Cpu)?)?;
+                owned = segment_lengths(&host, cols as usize);
+                &owned
+            }
+        };
+        if lengths.len() as i64 <= rows {
+            return Ok(DocumentLayout::Causal);
+        }
+        Ok(match packed {
+            PackedAttention::Segments => DocumentLayout::Segments(lengths.to_vec()),
+            PackedAttention::DenseMask => DocumentLayout::Mask(document_mask(position_ids)?),
+        })
+    }
+}
+
+/// The lengths of the documents (and padding runs) of row-major `position_ids` with rows of
+/// `cols`: a segment starts at each row's first column and wherever the position is 0.
+pub fn segment_lengths(position_ids: &[i64], cols: usize) -> Vec<i64> {
+    let mut lengths = Vec::new();
+    let mut current = 0i64;
+    for (i, &p) in position_ids.iter().enumerate() {
+        if (i % cols.max(1) == 0 || p == 0) && current > 0 {
+            lengths.push(current);
+            current = 0;
+        }
+        current += 1;
+    }
+    if current > 0 {
+        lengths.push(current);
+    }
+    lengths
+}
+
+/// Causal attention within each segment of the flattened (B·L) token axis: q (B, L, H, D) and
+/// k, v (B, L, KV, D), contiguous; returns (B·L, H, D). One `split_with_sizes` and one `cat`
+/// (their backward passes are a `cat` and a split), and per segment the mask-free causal kernel
+/// with GQA left to the kernel (`enable_gqa`), so K/V are never repeated.
+fn segment_attention(q: &Tensor, k: &Tensor, v: &Tensor, lengths: &[i64], gqa: bool) -> TchResult<Tensor> {
+    let (b, l, heads, d) = q.size4()?;
+    let kv = k.size()[2];
+    // (B, L, n, D) -> (B·L, n, D), then one piece per segment
+    let pieces =
+        |t: &Tensor, n: i64| -> TchResult<Vec<Tensor>> { t.f_reshape([b * l, n, d])?.f_split_with_sizes(lengths, 0) };
+    let (qs, ks, vs) = (pieces(q, heads)?, pieces(k, kv)?, pieces(v, kv)?);
+    let mut outs = Vec::with_capacity(lengths.len());
+    for ((q, k), v) in qs.iter().zip(&ks).zip(&vs) {
+        // (S, n, D) -> (1, n, S, D)
+        let view = |t: &Tensor| -> TchResult<Tensor> { t.f_unsqueeze(0)?.f_transpose(1, 2) };
+        let y = Tensor::f_scaled_dot_product_attention(
+            &view(q)?,
+            &view(k)?,
+            &view(v)?,
+            None::<&Tensor>,
+            0.0,
+            true,
+            None,
+            gqa,
+        )?;
+        // (1, H, S, D) -> (S, H, D)
+        outs.push(y.f_squeeze_dim(0)?.f_transpose(0, 1)?);
+    }
+    Tensor::f_cat(&outs, 0)
+}
+
 /// The attention mask (B, 1, L, L) for packed rows: token i attends to j iff j ≤ i and both lie
-/// in the same document (documents start where `position_ids` is 0). `None` when no row holds a
-/// second document, so that plain causal attention (and its fast kernels) applies. `packed`, when
-/// given, is that answer known on the host; otherwise it is read from the device (a sync).
-pub(crate) fn document_mask(position_ids: &Tensor, packed: Option<bool>) -> TchResult<Option<Tensor>> {
+/// in the same document (documents start where `position_ids` is 0).
+pub(crate) fn document_mask(position_ids: &Tensor) -> TchResult<Tensor> {
     let l = position_ids.size()[1];
     let starts = position_ids.f_eq(0)?;
-    let packed = match packed {
-        Some(packed) => packed,
-        None => l > 1 && starts.f_narrow(1, 1, l - 1)?.f_any()?.f_int64_value(&[])? != 0,
-    };
-    if !packed {
-        return Ok(None);
-    }
     // (B, L) document index of each token
     let doc = starts.f_cumsum(1, Kind::Int64)?;
     // (B, L, 1) == (B, 1, L) -> (B, L, L)
     let same = doc.f_unsqueeze(2)?.f_eq_tensor(&doc.f_unsqueeze(1)?)?;
     let causal = Tensor::f_ones([l, l], (Kind::Bool, position_ids.device()))?.f_tril(0)?;
-    Ok(Some(same.f_logical_and(&causal)?.f_unsqueeze(1)?))
+    same.f_logical_and(&causal)?.f_unsqueeze(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::segment_lengths;
+
+    #[test]
+    fn segments_start_at_each_row_and_at_each_position_zero() {
+        // Row 0: documents of 3 and 2; row 1: one of 4 then one padding token.
+        let positions = [0, 1, 2, 0, 1, 0, 1, 2, 3, 0];
+        assert_eq!(segment_lengths(&positions, 5), vec![3, 2, 4, 1]);
+        // Two unpacked rows: one segment each.
+        assert_eq!(segment_lengths(&[0, 1, 2, 0, 1, 2], 3), vec![3, 3]);
+        assert!(segment_lengths(&[], 4).is_empty());
+    }
 }
