@@ -7,6 +7,14 @@
 #   bash ops/gpu.sh check     # there: bf16-on-CUDA vs f32-on-CPU agreement and a smoke step
 #   bash ops/gpu.sh profile [ARGS]  # there: one step of `trainq bench train ARGS` under Nsight
 #                             # Compute (kernel durations only), summed by kernel family and name
+#   bash ops/gpu.sh packed [ARGS]   # there: packed agent-like documents vs unpacked rows of the same
+#                             # token count (trainq), and the peer padded per trajectory, at
+#                             # 1×16384 and 4×4096 (ARGS go to both, e.g. --shape/--mode)
+#   bash ops/gpu.sh e2e       # there: the user's path end to end — carried PostgreSQL and S3 server,
+#                             # `trainq migrate`, `model create` on a random Qwen3-0.6B with the real
+#                             # tokenizer, `trainq worker --device cuda --store s3://…` while
+#                             # `trainq bench produce` streams groups; E2E_MODES="async sync",
+#                             # STEPS, GROUPS_PER_STEP, GROUP_SIZE as in ops/e2e/run.sh
 #
 # Results are JSON lines under $OUT (trainq.jsonl, peer.jsonl) plus a printed ratio table.
 set -euo pipefail
@@ -34,7 +42,9 @@ case "${1:-}" in
     cargo build --release --locked --bin trainq
     mkdir -p .carry
     cp target/release/trainq .carry/trainq
-    cp ../shared/bench/hf_peft_train.py .carry/ 2>/dev/null || cp /work/shared/bench/hf_peft_train.py .carry/
+    # The peer: ops/bench's copy of ../shared/bench/hf_peft_train.py (adds --docs).
+    cp ops/bench/hf_peft_train.py .carry/
+    bash ops/e2e/pack-services.sh >&2
     ls -la .carry
     ;;
   bench)
@@ -50,6 +60,37 @@ case "${1:-}" in
     shift
     ./.carry/trainq bench check "$@" | tee "$OUT/check.jsonl"
     ;;
+  packed)
+    device_env
+    shift
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    for shape in "16384 1" "4096 4"; do
+      read -r seq micro <<<"$shape"
+      ./.carry/trainq bench train --packed --seq "$seq" --micro "$micro" --docs-out "$OUT/docs-$seq.json" "$@" | tee -a "$OUT/trainq.jsonl"
+      ./.carry/trainq bench train --skip-peak --seq "$seq" --micro "$micro" "$@" | tee -a "$OUT/trainq.jsonl"
+      "$gpu_python" .carry/hf_peft_train.py --docs "$OUT/docs-$seq.json" "$@" | tee -a "$OUT/peer.jsonl"
+    done
+    "$gpu_python" ops/bench/compare.py "$OUT/trainq.jsonl" "$OUT/peer.jsonl" | tee "$OUT/table.md"
+    ;;
+  e2e)
+    device_env
+    shift
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    bash ops/e2e/start-services.sh > "$OUT/services.env"
+    set -a; . "${TRAINQ_SERVICES:-/tmp/trainq-services}/env.sh"; set +a
+    model=/tmp/qwen3-0.6b-random
+    [ -f "$model/config.json" ] || "$gpu_python" ops/e2e/make_model.py "$model" >&2
+    runs=$OUT/runs
+    for mode in ${E2E_MODES:-async sync}; do
+      mkdir -p "$runs/e2e-$mode"
+      nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 1000 > "$runs/e2e-$mode/mem.csv" &
+      sampler=$!
+      OUT=$runs PY=$gpu_python bash ops/e2e/run.sh "e2e-$mode" "$model" "$mode" || echo "run $mode failed"
+      kill "$sampler" || true
+      "$gpu_python" ops/e2e/report.py "$runs/e2e-$mode" | tee -a "$OUT/e2e.jsonl"
+    done
+    tar czf "$OUT/e2e-runs.tgz" -C "$OUT" runs && rm -rf "$runs"
+    ;;
   profile)
     device_env
     shift
@@ -59,7 +100,7 @@ case "${1:-}" in
     "$gpu_python" ops/bench/ncu_summary.py "$OUT/ncu.csv" 30 | tee "$OUT/profile.md"
     ;;
   *)
-    echo "usage: ops/gpu.sh build | bench [ARGS] | check [ARGS] | profile [ARGS]" >&2
+    echo "usage: ops/gpu.sh build | bench [ARGS] | check [ARGS] | profile [ARGS] | packed [ARGS] | e2e" >&2
     exit 2
     ;;
 esac

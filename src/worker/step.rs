@@ -16,7 +16,7 @@ use super::prepare::{prepare_step, PreparedStep};
 use super::record::summarize_trained;
 use crate::error::{Error, Result};
 use trainq_engine::engine::Engine;
-use trainq_engine::tokenize::ChatTokenizer;
+use trainq_engine::tokenize::{ChatTokenizer, MicroBatch};
 use trainq_engine::train::StepMetrics;
 use trainq_queue::config::TrainConfig;
 use trainq_queue::db::claims::{claim_groups, release_groups, skip_groups, unclaim_groups, Claim, ClaimParams};
@@ -151,6 +151,7 @@ async fn prepare_and_train(ctx: &mut StepContext<'_>, run: &StepRun<'_>) -> Resu
 
     super::fault_hook::pause_if_requested("train", current_step + 1).await;
     let clock = Instant::now();
+    let real_tokens: usize = prepared.batches.iter().map(MicroBatch::real_tokens).sum();
     let metrics = ctx.engine.train(std::mem::take(&mut prepared.batches), run.stop).await?;
     let train_s = clock.elapsed().as_secs_f64();
     run.check(ctx)?;
@@ -165,7 +166,7 @@ async fn prepare_and_train(ctx: &mut StepContext<'_>, run: &StepRun<'_>) -> Resu
 
     super::fault_hook::pause_if_requested("upload", step).await;
     let timings = json!({"claim": claim_s, "prepare": prepare_s, "train": train_s, "save": save_s});
-    let trained = TrainedStep { step, started_at, timings, metrics, format, staged };
+    let trained = TrainedStep { step, started_at, timings, metrics, real_tokens, format, staged };
     // Held through upload and commit: no other worker of this model writes step `step` meanwhile.
     let mut lock = lock_commits(ctx.pool, &ctx.opts.model).await?;
     let outcome = upload_and_commit(ctx, run, &prepared, trained, &mut lock).await;
@@ -180,6 +181,8 @@ struct TrainedStep {
     /// Seconds of the phases so far (claim, prepare, train, save).
     timings: serde_json::Value,
     metrics: StepMetrics,
+    /// Real (non-padding) tokens of the step's micro-batches.
+    real_tokens: usize,
     format: trainq_queue::storage::CheckpointFormat,
     staged: PathBuf,
 }
@@ -193,7 +196,7 @@ async fn upload_and_commit(
     trained: TrainedStep,
     lock: &mut CommitLock,
 ) -> Result<StepOutcome> {
-    let TrainedStep { step, started_at, mut timings, metrics, format, staged } = trained;
+    let TrainedStep { step, started_at, mut timings, metrics, real_tokens, format, staged } = trained;
     let claim = run.claim;
     let now_at = lock.current_step().await?;
     if now_at != StepNumber(step - 1) {
@@ -204,7 +207,8 @@ async fn upload_and_commit(
     let uploaded = upload_with_retry(ctx, run, step, format, &staged).await?;
     timings["upload"] = json!(clock.elapsed().as_secs_f64());
 
-    let record = step_record(ctx, claim, prepared, &metrics, step, started_at, timings, &uploaded);
+    let mut record = step_record(ctx, claim, prepared, &metrics, step, started_at, timings, &uploaded);
+    record.loss_parts["real_tokens"] = json!(real_tokens);
     let checkpoint = CheckpointRecord {
         model: ctx.opts.model.clone(),
         step: StepNumber(step),
@@ -217,7 +221,6 @@ async fn upload_and_commit(
     let clock = Instant::now();
     commit_step(ctx.pool, &record, Some(&checkpoint), claim.token, &prepared.report.kept, &prepared.report.skipped)
         .await?;
-    let mut record = record;
     record.timings["commit"] = json!(clock.elapsed().as_secs_f64());
     // The new checkpoint is what a restore goes back to; the previous staged one is not needed.
     if let Some(previous) = ctx.committed_dir.replace(staged) {

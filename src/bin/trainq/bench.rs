@@ -20,6 +20,9 @@ pub(crate) enum BenchCommand {
     Train(TrainBenchArgs),
     /// bf16 on CUDA against f32 on the CPU (log-probs, loss, gradients) and checkpointing on CUDA.
     Check(super::bench_check::CheckArgs),
+    /// Stream agent-like groups (multi-turn, tool calls, sampler ids and log-probs) into a
+    /// model's queue while a worker trains (end-to-end runs).
+    Produce(super::bench_produce::ProduceArgs),
 }
 
 /// Settings of `trainq bench train`.
@@ -118,6 +121,7 @@ pub(crate) fn run(command: BenchCommand) -> Result<()> {
     match command {
         BenchCommand::Train(args) => run_train(args),
         BenchCommand::Check(args) => super::bench_check::run_check(args),
+        BenchCommand::Produce(args) => super::bench_produce::run(args),
     }
 }
 

@@ -8,6 +8,8 @@ mod bench;
 mod bench_check;
 #[cfg(feature = "engine")]
 mod bench_docs;
+#[cfg(feature = "engine")]
+mod bench_produce;
 mod checkpoint;
 mod database;
 #[cfg(feature = "engine")]

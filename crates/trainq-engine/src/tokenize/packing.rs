@@ -53,6 +53,11 @@ impl MicroBatch {
         self.trajectory_index.len()
     }
 
+    /// Number of real (non-padding) token positions.
+    pub fn real_tokens(&self) -> usize {
+        self.sequence_index.iter().filter(|&&s| s >= 0).count()
+    }
+
     /// Number of trained target positions.
     pub fn trained_tokens(&self) -> usize {
         self.loss_mask.iter().filter(|m| **m).count()
