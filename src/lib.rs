@@ -65,6 +65,7 @@
 #[cfg(feature = "engine")]
 pub mod demo;
 mod error;
+pub mod follow;
 #[cfg(feature = "engine")]
 pub mod worker;
 

@@ -12,6 +12,7 @@ mod checkpoint;
 mod database;
 #[cfg(feature = "engine")]
 mod demo;
+mod follow;
 mod model;
 mod report;
 #[cfg(feature = "engine")]
@@ -56,6 +57,9 @@ enum Command {
     Status(report::StatusArgs),
     /// The recorded steps of a model.
     Steps(report::StepsArgs),
+    /// Keep an inference host on a model's newest checkpoint: fetch each new one into
+    /// DIR/{step}, swap DIR/current, tell vLLM or run a hook.
+    Follow(follow::FollowArgs),
     #[cfg(feature = "engine")]
     /// Benchmarks (training throughput on GPU).
     #[command(subcommand)]
@@ -81,6 +85,7 @@ fn main() -> Result<()> {
         Command::Submit(args) => submit::run(args),
         Command::Status(args) => report::run_status(args),
         Command::Steps(args) => report::run_steps(args),
+        Command::Follow(args) => follow::run(args),
         #[cfg(feature = "engine")]
         Command::Bench(command) => bench::run(command),
     }
