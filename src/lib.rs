@@ -66,6 +66,7 @@
 pub mod demo;
 mod error;
 pub mod follow;
+pub mod report;
 #[cfg(feature = "engine")]
 pub mod worker;
 
