@@ -61,7 +61,7 @@ fn series(name: &str, steps: &[StepRecord], value: impl Fn(&StepRecord) -> Optio
 
 /// Tokens per second of training: the step's tokens over its `train` phase, or over the whole
 /// step when the phase is not recorded.
-fn tokens_per_second(s: &StepRecord) -> Option<f64> {
+pub fn tokens_per_second(s: &StepRecord) -> Option<f64> {
     let seconds = number_in(&s.timings, "train")
         .or_else(|| Some((s.finished_at - s.started_at).num_milliseconds() as f64 / 1000.0))?;
     (seconds > 0.0).then(|| s.tokens as f64 / seconds)
