@@ -17,6 +17,15 @@ pub enum Error {
     /// The worker was asked to stop (SIGTERM, ctrl-C, the embedder's token).
     #[error("the worker is shutting down")]
     Shutdown,
+    /// Following checkpoints (`trainq follow`): a local file operation, the inference server's
+    /// answer or the hook's exit status.
+    #[error("{what}: {message}")]
+    Follow {
+        /// What was being done, e.g. "POST http://…/v1/load_lora_adapter".
+        what: String,
+        /// What went wrong.
+        message: String,
+    },
     /// A task the worker spawned panicked or was aborted.
     #[error("{what} failed: {message}")]
     Task {

@@ -65,6 +65,8 @@
 #[cfg(feature = "engine")]
 pub mod demo;
 mod error;
+pub mod follow;
+pub mod report;
 #[cfg(feature = "engine")]
 pub mod worker;
 

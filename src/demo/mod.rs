@@ -3,7 +3,6 @@
 //! through the SQL API, the worker training on them, and a reward-per-step table and plot.
 
 pub mod assets;
-pub mod plot;
 pub mod run;
 pub mod sample;
 pub mod task;

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{assets, sample, task};
 use crate::error::{Error, Result};
+use crate::report::{line_chart, Chart, Series};
 use crate::worker::Placement;
 use crate::worker::{run_worker, WorkerOptions, WorkerSummary};
 use trainq_engine::model::Policy;
@@ -97,8 +98,10 @@ pub async fn run_demo(opts: &DemoOptions) -> Result<(Vec<DemoRow>, PathBuf)> {
     worker.await.map_err(Error::task("the demo's worker task"))??;
     let rows = table_rows(&sampled?);
     let plot = opts.work_dir.join("reward.svg");
-    let points: Vec<(i64, f64)> = rows.iter().map(|r| (r.policy_version, r.reward_mean)).collect();
-    let svg = super::plot::reward_svg("trainq demo: mean reward per checkpoint", &points);
+    let series = [Series::new("mean reward", rows.iter().map(|r| (r.policy_version, Some(r.reward_mean))))];
+    let chart =
+        Chart { y_from_zero: true, ..Chart::new("trainq demo: mean reward per checkpoint", "mean reward", &series) };
+    let svg = line_chart(&chart);
     std::fs::write(&plot, svg).map_err(EngineError::io(&plot))?;
     Ok((rows, plot))
 }

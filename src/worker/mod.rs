@@ -7,6 +7,7 @@
 
 #[doc(hidden)]
 pub mod fault_hook;
+pub mod metrics;
 mod options;
 mod prepare;
 mod record;
@@ -71,6 +72,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
     let rescuer =
         spawn_rescuer(pool.clone(), Duration::from_secs_f64(cfg.queue.lease_seconds as f64 / 4.0), cancel.clone());
     let mut waiter = GroupWaiter::listen(pool, opts.poll_interval).await?;
+    let metrics = metrics::start(pool, opts, &cancel).await?;
     let mut ctx = StepContext {
         pool,
         opts,
@@ -109,6 +111,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
             StepOutcome::Committed(record) => {
                 engine_step = record.step;
                 log_step(&record);
+                metrics.iter().for_each(|m| m.observe_step(&record));
                 apply_and_record_retention(pool, &store, opts).await;
                 summary.steps.push(*record);
             }

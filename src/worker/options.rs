@@ -40,6 +40,8 @@ pub struct WorkerOptions {
     pub retention: RetentionPolicy,
     /// Pause between upload attempts while the store is unreachable.
     pub upload_retry_pause: Duration,
+    /// Serve Prometheus metrics on this address (`GET /metrics`); `None` (default) serves none.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl WorkerOptions {
@@ -59,6 +61,7 @@ impl WorkerOptions {
             stop_when_idle_for: None,
             retention: RetentionPolicy::default(),
             upload_retry_pause: DEFAULT_UPLOAD_RETRY_PAUSE,
+            metrics_addr: None,
         }
     }
 }

@@ -5,3 +5,4 @@
 pub mod checkpoint_files;
 pub mod db;
 pub mod s3;
+pub mod tcp_proxy;

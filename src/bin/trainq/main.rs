@@ -14,8 +14,10 @@ mod checkpoint;
 mod database;
 #[cfg(feature = "engine")]
 mod demo;
+mod follow;
 mod model;
 mod report;
+mod report_page;
 #[cfg(feature = "engine")]
 mod score;
 mod submit;
@@ -58,6 +60,12 @@ enum Command {
     Status(report::StatusArgs),
     /// The recorded steps of a model.
     Steps(report::StepsArgs),
+    /// Charts of a model's run (reward, loss, KL, throughput, lag, skips, step time) as one
+    /// self-contained HTML page and SVG files.
+    Report(report_page::ReportArgs),
+    /// Keep an inference host on a model's newest checkpoint: fetch each new one into
+    /// DIR/{step}, swap DIR/current, tell vLLM or run a hook.
+    Follow(follow::FollowArgs),
     #[cfg(feature = "engine")]
     /// Benchmarks (training throughput on GPU).
     #[command(subcommand)]
@@ -83,6 +91,8 @@ fn main() -> Result<()> {
         Command::Submit(args) => submit::run(args),
         Command::Status(args) => report::run_status(args),
         Command::Steps(args) => report::run_steps(args),
+        Command::Follow(args) => follow::run(args),
+        Command::Report(args) => report_page::run(args),
         #[cfg(feature = "engine")]
         Command::Bench(command) => bench::run(command),
     }

@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use chrono::Utc;
+use trainq::report::tokens_per_second;
 use trainq_queue::db::{self, QueueCounts, StepRecord};
 
 use crate::database::{block_on, DatabaseArgs};
@@ -69,6 +70,7 @@ pub(crate) fn run_status(args: StatusArgs) -> Result<()> {
                 skipped_text(c)
             );
         }
+        print_last_steps(&pool, &counts).await?;
         let workers = db::list_workers(&pool, args.model.as_deref()).await?;
         if workers.is_empty() {
             println!("\nno workers registered");
@@ -88,6 +90,29 @@ pub(crate) fn run_status(args: StatusArgs) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// The newest step of each model: throughput and seconds per phase (the worker's
+/// `trainq_tokens_per_second` and `trainq_step_phase_seconds`).
+async fn print_last_steps(pool: &sqlx::PgPool, counts: &[QueueCounts]) -> Result<()> {
+    let mut lines = Vec::new();
+    for c in counts {
+        let Some(last) = db::list_steps(pool, &c.model, 1).await?.pop() else { continue };
+        let rate = tokens_per_second(&last).map(|r| format!("{r:.0}")).unwrap_or_else(|| "-".into());
+        let phases: Vec<String> = last
+            .timings
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(phase, s)| s.as_f64().map(|s| format!("{phase}={s:.2}")))
+            .collect();
+        lines.push(format!("{:<20} {:>6} {:>10}  {}", c.model, last.step, rate, phases.join(" ")));
+    }
+    if !lines.is_empty() {
+        println!("\n{:<20} {:>6} {:>10}  PHASES (s)", "MODEL", "LAST", "TOKENS/S");
+        lines.iter().for_each(|l| println!("{l}"));
+    }
+    Ok(())
 }
 
 fn opt(v: Option<f64>) -> String {

@@ -60,6 +60,9 @@ pub(crate) struct WorkerArgs {
     /// …and every M-th step.
     #[arg(long, env = "TRAINQ_KEEP_EVERY")]
     keep_every: Option<u64>,
+    /// Serve Prometheus metrics on this address, e.g. 0.0.0.0:9464 (GET /metrics). Off by default.
+    #[arg(long, env = "TRAINQ_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Settings read from `--config FILE`.
@@ -119,6 +122,7 @@ pub(crate) fn run(args: WorkerArgs) -> Result<()> {
     };
     opts.max_steps = args.max_steps;
     opts.stop_when_idle_for = args.stop_when_idle.map(Duration::from_secs_f64);
+    opts.metrics_addr = args.metrics_addr;
     let defaults = RetentionPolicy::default();
     opts.retention = RetentionPolicy {
         keep_last: args.keep_last.or(file.keep_last).unwrap_or(defaults.keep_last),

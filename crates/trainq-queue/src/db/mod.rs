@@ -31,8 +31,8 @@ pub use rendezvous::{
     DEFAULT_RENDEZVOUS_TTL, RENDEZVOUS_POLL_INTERVAL,
 };
 pub use steps::{
-    commit_step, deleted_checkpoint_steps, latest_checkpoint, list_steps, mark_checkpoints_deleted, CheckpointRecord,
-    StepRecord,
+    all_steps, commit_step, deleted_checkpoint_steps, latest_checkpoint, list_steps, mark_checkpoints_deleted,
+    CheckpointRecord, StepRecord,
 };
 pub use workers::{heartbeat_worker, list_workers, register_worker, Worker, WorkerInfo};
 

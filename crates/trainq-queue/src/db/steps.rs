@@ -200,6 +200,16 @@ pub async fn list_steps(pool: &PgPool, model: &str, limit: i64) -> Result<Vec<St
         .map_err(Error::db(format!("list steps of model {model:?}")))
 }
 
+/// Every step of a model, oldest first (for reports; a row is a few hundred bytes, so even
+/// 100,000 steps are a few tens of MB).
+pub async fn all_steps(pool: &PgPool, model: &str) -> Result<Vec<StepRecord>> {
+    sqlx::query_as("SELECT * FROM trainq.steps WHERE model = $1 ORDER BY step")
+        .bind(model)
+        .fetch_all(pool)
+        .await
+        .map_err(Error::db(format!("all steps of model {model:?}")))
+}
+
 /// The newest checkpoint of a model (via `trainq.latest_checkpoint`), `None` before the first.
 pub async fn latest_checkpoint(pool: &PgPool, model: &str) -> Result<Option<CheckpointRecord>> {
     sqlx::query_as(
