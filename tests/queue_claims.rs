@@ -393,7 +393,7 @@ async fn a_model_can_refuse_groups_of_unknown_age_at_insert() {
     };
     let err = db::submit_group(&db.pool, &group("strict")).await.unwrap_err();
     let Error::Database { source, .. } = &err else { panic!("{err:?}") };
-    assert_eq!(db::sqlstate::code_of(source).as_deref(), Some("TQ030"), "{err}");
+    assert_eq!(db::sqlstate::code_of(source).as_deref(), Some(db::sqlstate::POLICY_VERSION_UNKNOWN), "{err}");
     assert!(err.to_string().contains("queue.unknown_policy_version"), "{err}");
     db::submit_group(&db.pool, &db::NewGroup { policy_version: Some(0), ..group("strict") }).await.unwrap();
     // The default accepts the insert; the worker skips such a group `stale` (a policy window

@@ -11,9 +11,9 @@ pub struct TrainedGroupsSummary {
     pub reward_mean: Option<f64>,
     /// Mean over trained groups of each group's own population reward std.
     pub reward_std_mean: Option<f64>,
-    /// Smallest `step − policy_version` among trained groups with a known version.
+    /// Smallest `current_step − policy_version` among trained groups with a known version.
     pub policy_lag_min: Option<i64>,
-    /// Largest `step − policy_version` among trained groups with a known version.
+    /// Largest `current_step − policy_version` among trained groups with a known version.
     pub policy_lag_max: Option<i64>,
 }
 

@@ -226,7 +226,7 @@ mod tests {
 
     #[test]
     fn policy_lag_beyond_the_accepted_staleness_is_stale() {
-        // current 5, accepted 1: version 4 (lag 1) kept, version 3 (lag 2) stale, unknown kept
+        // current 5, accepted 1: version 4 (lag 1) kept, version 3 (lag 2) stale, unknown kept when accepted
         assert_eq!(classify_group(&group(1, &[0.0, 1.0], Some(4)), &PARAMS), None);
         let skip = classify_group(&group(2, &[0.0, 1.0], Some(3)), &PARAMS).unwrap();
         assert_eq!((skip.reason, skip.std), (SkipReason::Stale, Some(0.5)));
