@@ -68,7 +68,8 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
     register_worker(pool, &info).await?;
     let store = Store::open_with(&opts.store_url, &opts.store_options)?;
     let base_dir = resolve_base_model(&model.base, &opts.work_dir).await?;
-    let tokenizer = Arc::new(ChatTokenizer::from_dir(&base_dir)?);
+    let tokenizer =
+        Arc::new(ChatTokenizer::from_dir(&base_dir)?.with_template_kwargs(cfg.chat_template_kwargs.clone()));
     let (mut engine_step, resume_dir) = stage_latest(pool, &store, opts).await?;
     let engine = Engine::start(&base_dir, &cfg, &opts.placement, resume_dir.as_deref()).await?;
     tracing::info!(model = %opts.model, worker = %opts.worker_id, step = %engine_step, "worker ready");

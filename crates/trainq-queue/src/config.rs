@@ -64,6 +64,9 @@ pub struct TrainConfig {
     pub max_seq_len: usize,
     /// Token budget of one packed micro-batch (gradient accumulation runs over micro-batches).
     pub max_tokens_per_micro_batch: usize,
+    /// Extra chat-template variables, as the sampler passed them to `apply_chat_template`
+    /// (e.g. Qwen3's `{"enable_thinking": false}`), so the training render equals the sampler's.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for TrainConfig {
@@ -76,6 +79,7 @@ impl Default for TrainConfig {
             queue: QueueConfig::default(),
             max_seq_len: DEFAULT_MAX_SEQ_LEN,
             max_tokens_per_micro_batch: DEFAULT_MAX_TOKENS_PER_MICRO_BATCH,
+            chat_template_kwargs: serde_json::Map::new(),
         }
     }
 }
