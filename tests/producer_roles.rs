@@ -90,7 +90,14 @@ async fn a_producer_cannot_update_delete_read_payloads_or_touch_other_tables() {
     }
     let claim = db::claim_groups(
         &pool,
-        &ClaimParams { model: "m1".into(), worker_id: "p".into(), limit: 1, lease_seconds: 9.0, now: None },
+        &ClaimParams {
+            model: "m1".into(),
+            worker_id: "p".into(),
+            limit: 1,
+            lease_seconds: 9.0,
+            now: None,
+            window: None,
+        },
     )
     .await;
     assert!(claim.is_err(), "a producer cannot claim");
@@ -108,7 +115,14 @@ async fn a_worker_role_runs_the_queue() {
     let pool = db.connect_as(Some(&worker.name), 2).await;
     let claim = db::claim_groups(
         &pool,
-        &ClaimParams { model: "m1".into(), worker_id: "w".into(), limit: 2, lease_seconds: 60.0, now: None },
+        &ClaimParams {
+            model: "m1".into(),
+            worker_id: "w".into(),
+            limit: 2,
+            lease_seconds: 60.0,
+            now: None,
+            window: None,
+        },
     )
     .await
     .unwrap();

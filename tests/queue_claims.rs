@@ -18,7 +18,7 @@ use trainq_queue::GroupId;
 use trainq_queue::StepNumber;
 
 fn params(model: &str, worker: &str, limit: i64) -> ClaimParams {
-    ClaimParams { model: model.into(), worker_id: worker.into(), limit, lease_seconds: 60.0, now: None }
+    ClaimParams { model: model.into(), worker_id: worker.into(), limit, lease_seconds: 60.0, now: None, window: None }
 }
 
 async fn state_of(db: &TestDb, id: GroupId) -> (String, i32, Option<String>) {
@@ -234,6 +234,11 @@ fn step_record(model: &str, step: i64, worker: &str, claimed: usize) -> StepReco
         devices: json!(["cpu"]),
         checkpoint_uri: Some(format!("file:///ckpt/{model}/{step}/")),
         checkpoint_sha256: Some("ab".repeat(32)),
+        groups_wanted: Some(claimed as i32),
+        reward_mean_claimed: Some(0.25),
+        reward_mean_skipped: Some(0.0),
+        logprob_coverage: Some(1.0),
+        importance_ratio_mean: Some(1.0),
     }
 }
 
@@ -318,4 +323,93 @@ async fn the_heartbeat_keeps_a_lease_alive_and_reports_a_lost_claim() {
     assert!(on_lost.is_cancelled(), "a lost claim cancels the work done under it");
     assert!(matches!(beat.stop().await, Err(Error::LostClaim { .. })));
     assert_eq!(state_of(&db, id).await.0, "pending");
+}
+
+async fn submit_versioned(db: &TestDb, model: &str, policy_version: Option<i64>) -> GroupId {
+    let group = db::NewGroup {
+        model: model.into(),
+        trajectories: chat_group(&[0.0, 1.0]),
+        policy_version,
+        metadata: json!({}),
+    };
+    db::submit_group(&db.pool, &group).await.unwrap()
+}
+
+#[tokio::test]
+async fn a_claim_in_a_policy_window_takes_eligible_groups_first_and_the_too_old_along() {
+    let db = TestDb::new().await;
+    db.create_model("m1").await;
+    let mut old = Vec::new();
+    for _ in 0..3 {
+        old.push(submit_versioned(&db, "m1", Some(0)).await);
+    }
+    sqlx::query("UPDATE trainq.models SET current_step = 2").execute(&db.pool).await.unwrap();
+    let mut fresh = Vec::new();
+    for _ in 0..3 {
+        fresh.push(submit_versioned(&db, "m1", Some(2)).await);
+    }
+    // Unknown age: not on-policy by default (queue.unknown_policy_version = "stale").
+    let unknown = submit_versioned(&db, "m1", None).await;
+
+    let window = db::PolicyWindow {
+        current_step: 2,
+        accepted_staleness: 0,
+        unknown_policy_version: trainq_queue::config::UnknownPolicyVersion::Stale,
+        too_old_limit: 10,
+    };
+    let counted = db::count_claimable(&db.pool, "m1", &window).await.unwrap();
+    assert_eq!((counted.current_step, counted.eligible, counted.too_old), (2, 3, 4));
+    assert!(counted.oldest_eligible_age_seconds.is_some_and(|s| s >= 0.0));
+
+    // Eligible groups are counted against the limit; the older ones come along to be skipped.
+    let claim =
+        db::claim_groups(&db.pool, &ClaimParams { window: Some(window), ..params("m1", "w", 2) }).await.unwrap();
+    let mut expected: Vec<GroupId> = old.iter().copied().chain(fresh[..2].iter().copied()).collect();
+    expected.push(unknown);
+    expected.sort();
+    assert_eq!(claim.groups.iter().map(|g| g.id).collect::<Vec<_>>(), expected);
+    let counted = db::count_claimable(&db.pool, "m1", &window).await.unwrap();
+    assert_eq!((counted.eligible, counted.too_old), (1, 0));
+
+    // With async weight syncing (staleness 2) the version-0 groups would have been eligible.
+    let wide = db::PolicyWindow { accepted_staleness: 2, ..window };
+    assert_eq!(db::count_claimable(&db.pool, "m1", &wide).await.unwrap().eligible, 1);
+}
+
+#[tokio::test]
+async fn a_model_can_refuse_groups_of_unknown_age_at_insert() {
+    let db = TestDb::new().await;
+    let mut cfg = trainq_queue::config::TrainConfig::default();
+    cfg.queue.unknown_policy_version = trainq_queue::config::UnknownPolicyVersion::Refuse;
+    db::create_model(&db.pool, &db::NewModel { config: cfg, ..db::NewModel::new("strict", "/models/base") })
+        .await
+        .unwrap();
+    db.create_model("default").await;
+    let group = |model: &str| db::NewGroup {
+        model: model.into(),
+        trajectories: chat_group(&[0.0, 1.0]),
+        policy_version: None,
+        metadata: json!({}),
+    };
+    let err = db::submit_group(&db.pool, &group("strict")).await.unwrap_err();
+    let Error::Database { source, .. } = &err else { panic!("{err:?}") };
+    assert_eq!(db::sqlstate::code_of(source).as_deref(), Some(db::sqlstate::POLICY_VERSION_UNKNOWN), "{err}");
+    assert!(err.to_string().contains("queue.unknown_policy_version"), "{err}");
+    db::submit_group(&db.pool, &db::NewGroup { policy_version: Some(0), ..group("strict") }).await.unwrap();
+    // The default accepts the insert; the worker skips such a group `stale` (a policy window
+    // counts it as too old).
+    db::submit_group(&db.pool, &group("default")).await.unwrap();
+}
+
+#[tokio::test]
+async fn kl_on_a_full_fine_tune_is_refused_when_the_model_is_created() {
+    let db = TestDb::new().await;
+    let mut cfg = trainq_queue::config::TrainConfig { lora: None, ..Default::default() };
+    cfg.loss.kl_coef = 0.05;
+    let err = db::create_model(&db.pool, &db::NewModel { config: cfg, ..db::NewModel::new("full", "/models/base") })
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("loss.kl_coef"), "{err}");
+    let models: i64 = sqlx::query_scalar("SELECT count(*) FROM trainq.models").fetch_one(&db.pool).await.unwrap();
+    assert_eq!(models, 0);
 }

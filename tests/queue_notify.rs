@@ -10,7 +10,7 @@ use trainq_queue::db::{self, ClaimParams};
 use trainq_queue::queue::GroupWaiter;
 
 fn params() -> ClaimParams {
-    ClaimParams { model: "m1".into(), worker_id: "w".into(), limit: 8, lease_seconds: 60.0, now: None }
+    ClaimParams { model: "m1".into(), worker_id: "w".into(), limit: 8, lease_seconds: 60.0, now: None, window: None }
 }
 
 async fn submit(pool: &sqlx::PgPool, model: &str) {

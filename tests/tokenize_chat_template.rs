@@ -122,3 +122,33 @@ fn sampler_ids_splice_cleanly_when_the_turn_starts_inside_a_header_token() {
         encode("\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nBye!<|im_end|>\n");
     assert_eq!(spliced.ids[prompt.len() + sampled.len()..], rest[..]);
 }
+
+#[test]
+fn chat_template_kwargs_render_what_the_sampler_saw_with_enable_thinking_false() {
+    let kwargs = json!({"enable_thinking": false});
+    let tokenizer =
+        ChatTokenizer::from_dir(&qwen3_dir()).unwrap().with_template_kwargs(kwargs.as_object().unwrap().clone());
+    let conv = json!({"messages": [
+        {"role": "system", "content": "You add numbers."},
+        {"role": "user", "content": "What is 1 + 1?"},
+        {"role": "assistant", "content": "1 + 1 = 2."}
+    ], "chat_template_kwargs": kwargs});
+    let (ref_text, ref_ids, ref_mask) = reference(&conv);
+    let traj = Trajectory::from_json(&conv).unwrap();
+    let ours = tokenizer.tokenize(&traj, 4096).unwrap();
+    assert_eq!(ours.ids, ref_ids, "token ids differ");
+    assert_eq!(ours.trained, ref_mask, "assistant mask differs");
+    let messages = conv["messages"].as_array().unwrap().clone();
+    let request =
+        trainq_engine::tokenize::RenderRequest { messages: &messages, tools: None, add_generation_prompt: true };
+    let prompt = tokenizer.render(request).unwrap();
+    assert!(prompt.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"), "{prompt:?}");
+    assert!(ref_text.contains("<think>\n\n</think>\n\n1 + 1 = 2."), "{ref_text:?}");
+    // The empty think block was part of the sampler's prompt: it is not trained. Without the
+    // kwargs it would be (the sampler would have generated it).
+    let trained: Vec<i64> = ours.ids.iter().zip(&ours.trained).filter(|(_, t)| **t).map(|(id, _)| *id).collect();
+    let text = tokenizer.tokenizer().decode(&trained.iter().map(|&i| i as u32).collect::<Vec<_>>(), false).unwrap();
+    assert_eq!(text, "1 + 1 = 2.<|im_end|>");
+    let plain = ChatTokenizer::from_dir(&qwen3_dir()).unwrap().tokenize(&traj, 4096).unwrap();
+    assert!(plain.trained_tokens() > ours.trained_tokens());
+}

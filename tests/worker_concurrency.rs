@@ -35,6 +35,8 @@ async fn two_workers_on_one_model_never_train_the_same_group() {
         let mut opts = options("m", &store_url, server.store_options(Duration::from_secs(30)), &work.path().join(id));
         opts.worker_id = format!("worker-{id}");
         opts.stop_when_idle_for = Some(Duration::from_secs(1));
+        // Retention keeps every checkpoint a producer may still sample from (max_staleness 100).
+        opts.retention.keep_last = 101;
         let pool = db.pool.clone();
         tokio::spawn(async move { run_worker(&pool, &opts, CancellationToken::new()).await })
     });

@@ -1,7 +1,9 @@
 //! The worker under faults, with the real `trainq worker` binary paused at a step phase through
 //! its test hook (`TRAINQ_FAULT_PAUSE_AT`): kill -9 in training and in upload (no step row, no
 //! group lost or stuck, a restarted worker completes the step, each group trained once), and the
-//! S3 server stopped during upload (the upload is retried, the step recorded once and whole).
+//! S3 server stopped during upload (the upload is retried, the step recorded once and whole), and
+//! a lost commit race (another worker committed the step first: the groups go back to the queue
+//! without counting an attempt).
 
 mod common;
 mod worker_support;
@@ -11,8 +13,8 @@ use std::time::Duration;
 use object_store::ObjectStoreExt;
 use sha2::{Digest, Sha256};
 use trainq::worker::fault_hook::{FAULT_PAUSED_MARKER, FAULT_PAUSE_AT_ENV, FAULT_RESUME_FILE_ENV};
-use trainq_queue::db::rescue_expired;
 use trainq_queue::db::steps::{latest_checkpoint, list_steps};
+use trainq_queue::db::{claim_groups, commit_step, rescue_expired, ClaimParams, StepRecord};
 use trainq_queue::storage::{complete_steps, read_manifest, MANIFEST_FILE};
 
 use common::db::TestDb;
@@ -124,4 +126,85 @@ async fn an_s3_outage_during_upload_is_retried_and_the_step_is_recorded_once_and
     let row = latest_checkpoint(&db.pool, "m").await.unwrap().unwrap();
     assert_eq!((row.step.get(), hex::encode(Sha256::digest(&manifest_bytes))), (1, row.sha256.clone()));
     assert_eq!(steps[0].checkpoint_sha256, Some(row.sha256));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_commit_race_gives_the_groups_back_without_counting_an_attempt() {
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    let mut cfg = tiny_config(2, 30);
+    cfg.queue.async_weight_syncing = true;
+    cfg.queue.max_staleness = 1;
+    register(&db.pool, "m", &model_dir, cfg).await;
+    let ours = submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.5]], Some(0)).await;
+    let store_url = format!("file://{}", work.path().join("store").display());
+    let resume = work.path().join("resume");
+    let resume_str = resume.to_str().unwrap().to_string();
+    let env = [(FAULT_PAUSE_AT_ENV, "upload"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
+    let (url, args) = (db.url(None), ["--max-steps", "1", "--keep-last", "2"]);
+    let mut worker = WorkerProcess::spawn(&url, "m", &store_url, None, &work.path().join("w"), &env, &args);
+    worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=upload step=1"), START_LIMIT);
+
+    // Meanwhile another worker commits step 1, on a group of its own.
+    let theirs = submit(&db.pool, "m", &[&[0.0, 1.0]], Some(0)).await;
+    let params = ClaimParams {
+        model: "m".into(),
+        worker_id: "other".into(),
+        limit: 1,
+        lease_seconds: 60.0,
+        now: None,
+        window: None,
+    };
+    let claim = claim_groups(&db.pool, &params).await.unwrap();
+    assert_eq!(claim.groups.iter().map(|g| g.id).collect::<Vec<_>>(), theirs);
+    commit_step(&db.pool, &other_step(), None, claim.token, &theirs, &[]).await.unwrap();
+
+    std::fs::write(&resume, b"").unwrap();
+    let line = worker.wait_for_line("step abandoned", START_LIMIT);
+    assert!(line.contains("was committed by another worker"), "{line}");
+    // The race was not the groups' fault: they went back with no attempt counted, and the same
+    // worker trained them in the next step.
+    assert!(worker.wait_exit(START_LIMIT), "{}", worker.seen.join("\n"));
+    let rows = groups(&db.pool, "m").await;
+    for row in rows.iter().filter(|g| ours.contains(&g.id)) {
+        assert_eq!((row.state.as_str(), row.step, row.attempts), ("trained", Some(2), 0), "{rows:?}");
+    }
+    let steps = list_steps(&db.pool, "m", 10).await.unwrap();
+    assert_eq!(steps.iter().map(|s| s.step.get()).collect::<Vec<_>>(), vec![2, 1]);
+}
+
+/// Step 1 as another worker recorded it (no checkpoint: the race is about the step number).
+fn other_step() -> StepRecord {
+    let now = chrono::Utc::now();
+    StepRecord {
+        model: "m".into(),
+        step: trainq_queue::StepNumber(1),
+        worker_id: "other".into(),
+        async_weight_syncing: true,
+        started_at: now,
+        finished_at: now,
+        groups_claimed: 1,
+        groups_wanted: Some(1),
+        groups_trained: 1,
+        groups_skipped: serde_json::json!({}),
+        trajectories: 2,
+        tokens: 1,
+        loss: None,
+        loss_parts: serde_json::json!({}),
+        grad_norm: None,
+        learning_rate: None,
+        reward_mean: Some(0.5),
+        reward_mean_claimed: Some(0.5),
+        reward_mean_skipped: None,
+        logprob_coverage: None,
+        importance_ratio_mean: None,
+        reward_std_mean: Some(0.5),
+        policy_lag_min: Some(0),
+        policy_lag_max: Some(0),
+        timings: serde_json::json!({}),
+        devices: serde_json::json!([]),
+        checkpoint_uri: None,
+        checkpoint_sha256: None,
+    }
 }

@@ -12,6 +12,7 @@ use object_store::ObjectStoreExt;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 use trainq::worker::run_worker;
+use trainq_queue::db::skipped_passes::list_skipped_passes;
 use trainq_queue::db::steps::{deleted_checkpoint_steps, latest_checkpoint, list_steps};
 use trainq_queue::storage::{
     complete_steps, fetch_checkpoint, read_manifest, FetchOptions, RetentionPolicy, MANIFEST_FILE,
@@ -39,25 +40,27 @@ async fn a_worker_run_records_its_steps_and_fetch_returns_exactly_what_was_train
     let store_url = server.url("run");
     let mut opts = options("m", &store_url, server.store_options(Duration::from_secs(30)), &work.path().join("worker"));
     opts.overrides.async_weight_syncing = Some(true);
-    opts.overrides.max_staleness = Some(4);
+    opts.overrides.max_staleness = Some(2);
     opts.max_steps = Some(3);
-    opts.retention = RetentionPolicy { keep_last: 2, keep_every: 0 };
+    // Retention keeps every checkpoint a producer may sample from: max_staleness + 1.
+    opts.retention = RetentionPolicy { keep_last: 3, keep_every: 0 };
     let summary = run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
     assert_eq!(summary.steps.len(), 3);
     assert_eq!(summary.abandoned, 0);
+    // A fourth step on groups sampled from checkpoint 3; retention then drops checkpoint 1.
+    submit(&db.pool, "m", &[varied; 2], Some(3)).await;
+    opts.max_steps = Some(1);
+    run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
 
-    // Step records: flag, lag (all groups sampled from checkpoint 0), counts, checkpoint.
+    // Step records: flag, lag (groups sampled from checkpoint 0, then 3), counts, checkpoint.
     let mut steps = list_steps(&db.pool, "m", 10).await.unwrap();
     steps.reverse();
-    assert_eq!(steps.iter().map(|s| s.step).collect::<Vec<_>>(), vec![1, 2, 3]);
+    assert_eq!(steps.iter().map(|s| s.step).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
     for s in &steps {
         assert!(s.async_weight_syncing);
-        assert_eq!(
-            (s.policy_lag_min, s.policy_lag_max),
-            (Some(s.step.get() - 1), Some(s.step.get() - 1)),
-            "step {}",
-            s.step
-        );
+        let lag = if s.step.get() == 4 { 0 } else { s.step.get() - 1 };
+        assert_eq!((s.policy_lag_min, s.policy_lag_max), (Some(lag), Some(lag)), "step {}", s.step);
+        assert_eq!(s.groups_wanted, Some(2));
         assert_eq!((s.groups_claimed, s.groups_trained, s.trajectories), (2, 2, 6));
         assert!(s.tokens > 0 && s.loss.is_some_and(f64::is_finite) && s.grad_norm.is_some_and(f64::is_finite));
         assert!((s.reward_mean.unwrap() - 0.5).abs() < 1e-9);
@@ -70,31 +73,31 @@ async fn a_worker_run_records_its_steps_and_fetch_returns_exactly_what_was_train
     assert!(states.iter().all(|g| g.state == "trained"), "{states:?}");
     let mut trained_steps: Vec<i64> = states.iter().map(|g| g.step.unwrap()).collect();
     trained_steps.sort();
-    assert_eq!(trained_steps, vec![1, 1, 2, 2, 3, 3]);
+    assert_eq!(trained_steps, vec![1, 1, 2, 2, 3, 3, 4, 4]);
 
-    // Retention kept the last two in the store and marked step 1's row deleted.
+    // Retention kept the last three in the store and marked step 1's row deleted.
     let store = server.store("run");
-    assert_eq!(complete_steps(&store, "m").await.unwrap(), vec![2, 3]);
+    assert_eq!(complete_steps(&store, "m").await.unwrap(), vec![2, 3, 4]);
     assert_eq!(deleted_checkpoint_steps(&db.pool, "m").await.unwrap(), vec![1]);
     let latest = latest_checkpoint(&db.pool, "m").await.unwrap().unwrap();
-    assert_eq!(latest.step, 3);
+    assert_eq!(latest.step, 4);
 
     // The manifest lists the staged files with their sha256; the row holds the manifest's sha256.
-    let staged = work.path().join("worker/staging/000003");
-    let manifest = read_manifest(&store, "m", StepNumber(3)).await.unwrap();
+    let staged = work.path().join("worker/staging/000004");
+    let manifest = read_manifest(&store, "m", StepNumber(4)).await.unwrap();
     assert!(manifest.files.iter().any(|f| f.path == "adapter_model.safetensors"), "{manifest:?}");
     for file in &manifest.files {
         let bytes = std::fs::read(staged.join(&file.path)).unwrap();
         assert_eq!((sha256_hex(&bytes), bytes.len() as u64), (file.sha256.clone(), file.bytes), "{}", file.path);
     }
-    let key = store.checkpoint_file("m", StepNumber(3), MANIFEST_FILE);
+    let key = store.checkpoint_file("m", StepNumber(4), MANIFEST_FILE);
     let manifest_bytes = store.object_store().get(&key).await.unwrap().bytes().await.unwrap();
     assert_eq!(sha256_hex(&manifest_bytes), latest.sha256);
-    assert_eq!(steps[2].checkpoint_sha256.as_deref(), Some(latest.sha256.as_str()));
+    assert_eq!(steps[3].checkpoint_sha256.as_deref(), Some(latest.sha256.as_str()));
 
     // The library fetch returns the staged bytes exactly.
     let fetched = work.path().join("fetched");
-    fetch_checkpoint(&store, "m", StepNumber(3), &fetched, &FetchOptions::default(), &|_| {}).await.unwrap();
+    fetch_checkpoint(&store, "m", StepNumber(4), &fetched, &FetchOptions::default(), &|_| {}).await.unwrap();
     assert_same_bytes(&staged, &fetched, &manifest);
 
     // `trainq checkpoint fetch m` with only the database: latest and the store come from Postgres.
@@ -108,7 +111,7 @@ async fn a_worker_run_records_its_steps_and_fetch_returns_exactly_what_was_train
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    assert!(String::from_utf8_lossy(&output.stdout).contains("fetched m step 3"));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("fetched m step 4"));
     assert_same_bytes(&staged, &by_cli, &manifest);
 }
 
@@ -145,6 +148,14 @@ async fn groups_constant_inside_but_different_across_take_no_step_then_a_mixed_b
         );
     }
     assert_eq!(step_rows(&db.pool, "m").await, 0);
+    // No step, but a record: saturation shows in the rewards instead of vanishing.
+    let passes = list_skipped_passes(&db.pool, "m", 10).await.unwrap();
+    assert_eq!(passes.len(), 1, "{passes:?}");
+    assert_eq!((passes[0].current_step, passes[0].groups_claimed), (0, 4));
+    assert_eq!(passes[0].groups_skipped, serde_json::json!({"zero_variance": 4}));
+    // (0 + 0 + 1 + 1 + 0.5 + 0.5 + 0.25 + 0.25) / 8
+    assert!((passes[0].reward_mean_claimed.unwrap() - 0.4375).abs() < 1e-9, "{passes:?}");
+    assert_eq!(passes[0].reward_std_mean, Some(0.0));
 
     submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 1.0], &[0.0, 0.5], &[0.2, 0.2]], Some(0)).await;
     worker.wait_for_line("step committed", Duration::from_secs(60));
@@ -153,6 +164,11 @@ async fn groups_constant_inside_but_different_across_take_no_step_then_a_mixed_b
     assert_eq!(steps.len(), 1);
     assert_eq!((steps[0].step.get(), steps[0].groups_claimed, steps[0].groups_trained), (1, 4, 2));
     assert_eq!(steps[0].groups_skipped, serde_json::json!({"zero_variance": 2}));
+    // Rewards of the trained groups, of every claimed group, and of the skipped ones.
+    let close = |x: Option<f64>, want: f64| x.is_some_and(|x| (x - want).abs() < 1e-9);
+    assert!(close(steps[0].reward_mean, 1.5 / 4.0), "{:?}", steps[0]);
+    assert!(close(steps[0].reward_mean_claimed, 3.9 / 8.0), "{:?}", steps[0]);
+    assert!(close(steps[0].reward_mean_skipped, 2.4 / 4.0), "{:?}", steps[0]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -192,4 +208,123 @@ async fn stale_groups_are_skipped_without_async_weight_syncing_and_trained_with_
             );
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_trickle_of_on_policy_groups_forms_one_full_batch() {
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    let mut cfg = tiny_config(8, 30);
+    cfg.queue.max_batch_wait_seconds = 60.0;
+    register(&db.pool, "m", &model_dir, cfg).await;
+    let store_url = format!("file://{}", work.path().join("store").display());
+    let mut opts = options("m", &store_url, Default::default(), &work.path().join("w"));
+    opts.max_steps = Some(1);
+    let worker = {
+        let (pool, opts) = (db.pool.clone(), opts.clone());
+        tokio::spawn(async move { run_worker(&pool, &opts, CancellationToken::new()).await })
+    };
+    // A producer fleet streaming: eight version-0 groups, one at a time. (The pauses pace the
+    // producer; nothing waits on a result with them.)
+    for i in 0..8 {
+        submit(&db.pool, "m", &[&[0.0, 1.0 + i as f64]], Some(0)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let summary = worker.await.unwrap().unwrap();
+    assert_eq!(summary.steps.len(), 1);
+
+    let steps = list_steps(&db.pool, "m", 10).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    let step = &steps[0];
+    assert_eq!((step.step.get(), step.groups_claimed, step.groups_trained), (1, 8, 8));
+    assert_eq!((step.groups_wanted, step.groups_skipped.clone()), (Some(8), serde_json::json!({})));
+    assert_eq!((step.policy_lag_min, step.policy_lag_max), (Some(0), Some(0)));
+    let rows = groups(&db.pool, "m").await;
+    assert!(rows.iter().all(|g| g.state == "trained" && g.step == Some(1)), "{rows:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_batch_trains_what_arrived_within_max_batch_wait_and_says_so() {
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    let mut cfg = tiny_config(8, 30);
+    cfg.queue.max_batch_wait_seconds = 1.0;
+    register(&db.pool, "m", &model_dir, cfg).await;
+    submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.0], &[0.5, 0.0]], Some(0)).await;
+    let store_url = format!("file://{}", work.path().join("store").display());
+    let mut opts = options("m", &store_url, Default::default(), &work.path().join("w"));
+    opts.max_steps = Some(1);
+    run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
+
+    let step = &list_steps(&db.pool, "m", 1).await.unwrap()[0];
+    assert_eq!((step.groups_claimed, step.groups_trained, step.groups_wanted), (3, 3, Some(8)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_without_sampler_logprobs_are_refused_by_default_and_coverage_is_recorded() {
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    let pre_tokenized = |reward: f64| {
+        serde_json::json!({"prompt_ids": [5, 6], "completion_ids": [7, 8, 9], "logprobs": [-1.0, -0.5, -2.0],
+                           "reward": reward})
+    };
+    let with_logprobs = serde_json::Value::Array(vec![pre_tokenized(0.0), pre_tokenized(1.0)]);
+    for (name, allowed) in [("strict", false), ("lenient", true)] {
+        let mut cfg = tiny_config(2, 30);
+        cfg.loss.allow_training_without_logprobs = allowed;
+        register(&db.pool, name, &model_dir, cfg).await;
+        let new_group = |trajectories: serde_json::Value| trainq_queue::db::NewGroup {
+            model: name.into(),
+            trajectories,
+            policy_version: Some(0),
+            metadata: serde_json::json!({}),
+        };
+        let groups_in = [new_group(with_logprobs.clone()), new_group(worker_support::group_of(&[0.0, 1.0]))];
+        let ids = trainq_queue::db::groups::submit_groups(&db.pool, &groups_in).await.unwrap();
+        let store_url = format!("file://{}", work.path().join("store").display());
+        let mut opts = options(name, &store_url, Default::default(), &work.path().join(name));
+        opts.max_steps = Some(1);
+        run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
+
+        let step = &list_steps(&db.pool, name, 1).await.unwrap()[0];
+        let coverage = step.logprob_coverage.unwrap();
+        assert!(step.importance_ratio_mean.is_some_and(|r| r.is_finite() && r > 0.0), "{step:?}");
+        let chat = trainq_queue::db::group_status(&db.pool, ids[1]).await.unwrap().unwrap();
+        if allowed {
+            assert_eq!(step.groups_trained, 2);
+            assert!(coverage > 0.0 && coverage < 1.0, "{step:?}");
+            assert_eq!(chat.state, "trained");
+        } else {
+            assert_eq!((step.groups_trained, step.groups_skipped.clone()), (1, serde_json::json!({"invalid": 1})));
+            assert_eq!(coverage, 1.0);
+            assert_eq!((chat.state.as_str(), chat.skip_reason.as_deref()), ("skipped", Some("invalid")));
+            let detail: String = sqlx::query_scalar("SELECT skip_detail FROM trainq.groups WHERE id = $1")
+                .bind(ids[1])
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            assert!(detail.contains("loss.allow_training_without_logprobs"), "{detail}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_to_start_when_retention_would_delete_checkpoints_producers_sample_from() {
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    register(&db.pool, "m", &model_dir, tiny_config(2, 30)).await;
+    let store_url = format!("file://{}", work.path().join("store").display());
+    let mut opts = options("m", &store_url, Default::default(), &work.path().join("w"));
+    opts.overrides.async_weight_syncing = Some(true);
+    opts.overrides.max_staleness = Some(5);
+    opts.retention = RetentionPolicy { keep_last: 5, keep_every: 0 };
+    let err = run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap_err().to_string();
+    assert!(err.contains("retention.keep_last") && err.contains("queue.max_staleness = 5"), "{err}");
+    opts.retention.keep_last = 6;
+    opts.max_steps = Some(0);
+    run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
 }

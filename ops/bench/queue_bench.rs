@@ -110,6 +110,11 @@ fn step_record(step: i64, worker: usize, claimed: usize) -> StepRecord {
         devices: json!([]),
         checkpoint_uri: None,
         checkpoint_sha256: None,
+        groups_wanted: None,
+        reward_mean_claimed: None,
+        reward_mean_skipped: None,
+        logprob_coverage: None,
+        importance_ratio_mean: None,
     }
 }
 
@@ -135,6 +140,7 @@ async fn claim_complete_rate(pool: &PgPool, args: &Args, next_step: &Arc<AtomicI
                 limit: batch,
                 lease_seconds: 600.0,
                 now: None,
+                window: None,
             };
             barrier.wait().await;
             let mut done = 0i64;

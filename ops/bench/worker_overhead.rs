@@ -59,8 +59,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..TrainConfig::default()
     };
     cfg.queue.groups_per_step = args.groups_per_step;
+    // The bench's trajectories carry no sampler log-probs.
+    cfg.loss.allow_training_without_logprobs = true;
     cfg.queue.async_weight_syncing = true;
-    cfg.queue.max_staleness = i64::MAX / 2;
+    cfg.queue.max_staleness = args.steps as i64 + 1;
     create_model(&pool, &NewModel { config: cfg, ..NewModel::new(NAME, model_dir.display().to_string()) }).await?;
     submit_all(&pool, &args).await?;
 
@@ -68,6 +70,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut opts = WorkerOptions::new(NAME, &store, trainq::worker::Placement::One(Device::Cpu));
     opts.work_dir = work.path().join("worker");
     opts.max_steps = Some(args.steps + 1);
+    // Retention must keep every checkpoint a producer may still sample from (max_staleness + 1).
+    opts.retention.keep_last = args.steps as usize + 2;
     opts.poll_interval = Duration::from_millis(50);
     let summary = run_worker(&pool, &opts, CancellationToken::new()).await?;
     print_table(&summary.steps[1..], &args, &store);

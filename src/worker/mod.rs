@@ -1,9 +1,10 @@
 //! The daemon loop: claim, filter, train, checkpoint, commit; graceful shutdown.
 //!
 //! [`run_worker`] loads the base model (and the latest committed checkpoint, to resume), then
-//! repeats [`step`]s: wait for pending groups (LISTEN with a poll fallback), claim a batch,
-//! drop the groups with nothing to learn, train on the engine thread while heartbeats keep the
-//! lease, upload the checkpoint, and commit the step fenced on the claim token.
+//! repeats [`step`]s: assemble a batch (wait, woken by LISTEN with a poll fallback, until
+//! `groups_per_step` eligible groups are pending or the oldest has waited `max_batch_wait_seconds`),
+//! claim it, drop the groups with nothing to learn, train on the engine thread while heartbeats
+//! keep the lease, upload the checkpoint, and commit the step fenced on the claim token.
 
 #[doc(hidden)]
 pub mod fault_hook;
@@ -16,7 +17,7 @@ mod step;
 pub use options::{
     default_worker_id, ConfigOverrides, WorkerOptions, DEFAULT_POLL_INTERVAL, DEFAULT_UPLOAD_RETRY_PAUSE,
 };
-pub use record::{summarize_trained, TrainedGroupsSummary};
+pub use record::{summarize_claimed, summarize_trained, ClaimedGroupsSummary, TrainedGroupsSummary};
 pub use step::StepOutcome;
 pub use trainq_engine::engine::Placement;
 
@@ -28,14 +29,17 @@ use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
-use step::{run_step, StepContext};
+use step::{policy_window, run_step, BatchPlan, StepContext};
 use trainq_engine::engine::Engine;
 use trainq_engine::tokenize::ChatTokenizer;
+use trainq_queue::config::TrainConfig;
 use trainq_queue::db::models::get_model;
 use trainq_queue::db::steps::{latest_checkpoint, mark_checkpoints_deleted};
 use trainq_queue::db::workers::{heartbeat_worker, register_worker, WorkerInfo};
-use trainq_queue::queue::{spawn_rescuer, GroupWaiter};
-use trainq_queue::storage::{apply_retention, fetch_checkpoint, resolve_base_model, FetchOptions, Store};
+use trainq_queue::queue::{spawn_rescuer, BatchReadiness, GroupWaiter};
+use trainq_queue::storage::{
+    apply_retention, fetch_checkpoint, resolve_base_model, FetchOptions, RetentionPolicy, Store,
+};
 use trainq_queue::StepNumber;
 
 /// What a worker run did, for the caller (demo, tests) and the final log line.
@@ -55,6 +59,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
     let model = get_model(pool, &opts.model).await?;
     let cfg = opts.overrides.apply(model.config.clone());
     cfg.validate()?;
+    check_retention_covers_staleness(&cfg, &opts.retention)?;
     let info = WorkerInfo {
         id: opts.worker_id.clone(),
         host: opts.worker_id.split(':').next().unwrap_or_default().to_string(),
@@ -64,7 +69,8 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
     register_worker(pool, &info).await?;
     let store = Store::open_with(&opts.store_url, &opts.store_options)?;
     let base_dir = resolve_base_model(&model.base, &opts.work_dir).await?;
-    let tokenizer = Arc::new(ChatTokenizer::from_dir(&base_dir)?);
+    let tokenizer =
+        Arc::new(ChatTokenizer::from_dir(&base_dir)?.with_template_kwargs(cfg.chat_template_kwargs.clone()));
     let (mut engine_step, resume_dir) = stage_latest(pool, &store, opts).await?;
     let engine = Engine::start(&base_dir, &cfg, &opts.placement, resume_dir.as_deref()).await?;
     tracing::info!(model = %opts.model, worker = %opts.worker_id, step = %engine_step, "worker ready");
@@ -94,18 +100,39 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
             engine.restore(dir.as_deref()).await?;
             (engine_step, ctx.committed_dir) = (step, dir);
         }
-        match run_step(&mut ctx, current).await? {
-            StepOutcome::Idle => {
+        let waited = Instant::now();
+        let want = cfg.queue.groups_per_step as i64;
+        let max_wait = Duration::from_secs_f64(cfg.queue.max_batch_wait_seconds);
+        let window = policy_window(&cfg, current.get());
+        let ready = tokio::select! {
+            _ = cancel.cancelled() => break,
+            ready = waiter.wait_for_batch(&opts.model, &window, want, max_wait, opts.poll_interval) => ready?,
+        };
+        let eligible_limit = match ready {
+            BatchReadiness::Nothing => {
                 if opts.stop_when_idle_for.is_some_and(|limit| idle_since.elapsed() >= limit) {
                     tracing::info!(model = %opts.model, "idle for {:?}: stopping", idle_since.elapsed());
                     break;
                 }
-                tokio::select! {
-                    _ = cancel.cancelled() => break,
-                    woke = waiter.wait(&opts.model, opts.poll_interval) => { woke?; }
-                }
                 continue;
             }
+            BatchReadiness::StepMoved => continue,
+            BatchReadiness::TooOldOnly { .. } => 0,
+            BatchReadiness::Full { .. } => want,
+            BatchReadiness::Short { eligible, waited_seconds } => {
+                tracing::info!(
+                    model = %opts.model,
+                    "short batch: {eligible} of {want} eligible group(s) after {waited_seconds:.1}s \
+                     (queue.max_batch_wait_seconds = {})",
+                    cfg.queue.max_batch_wait_seconds
+                );
+                want
+            }
+        };
+        let plan = BatchPlan { eligible_limit, wait_s: waited.elapsed().as_secs_f64() };
+        match run_step(&mut ctx, current, plan).await? {
+            // Another worker claimed the groups first.
+            StepOutcome::Idle => continue,
             StepOutcome::AllSkipped { .. } => summary.all_skipped_passes += 1,
             StepOutcome::Abandoned { .. } => summary.abandoned += 1,
             StepOutcome::Committed(record) => {
@@ -121,6 +148,23 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
     cancel.cancel();
     let _ = rescuer.await;
     Ok(summary)
+}
+
+/// With async weight syncing, producers may sample from any of the last `max_staleness + 1`
+/// checkpoints; retention must keep them all, or a producer would be told to load one that is
+/// gone. Refused at worker start with the settings named.
+fn check_retention_covers_staleness(cfg: &TrainConfig, retention: &RetentionPolicy) -> Result<()> {
+    let kept = i64::try_from(retention.keep_last.max(1)).unwrap_or(i64::MAX);
+    if cfg.queue.async_weight_syncing && kept <= cfg.queue.max_staleness {
+        let message = format!(
+            "keeps the last {kept} checkpoint(s), but queue.max_staleness = {} lets producers sample from the last {}: \
+             set keep_last (--keep-last) above max_staleness, or lower queue.max_staleness",
+            cfg.queue.max_staleness,
+            cfg.queue.max_staleness + 1
+        );
+        return Err(trainq_queue::Error::config("retention.keep_last", message).into());
+    }
+    Ok(())
 }
 
 /// Deletes the checkpoints retention drops from the store and marks their rows deleted; a
@@ -166,4 +210,22 @@ fn log_step(r: &trainq_queue::db::steps::StepRecord) {
         "step committed: {}",
         r.checkpoint_uri.as_deref().unwrap_or("-")
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_must_keep_every_checkpoint_a_producer_may_sample_from() {
+        let mut cfg = TrainConfig::default();
+        cfg.queue.max_staleness = 2;
+        let keep = |keep_last| RetentionPolicy { keep_last, keep_every: 0 };
+        // On-policy: only the latest checkpoint is sampled from.
+        assert!(check_retention_covers_staleness(&cfg, &keep(1)).is_ok());
+        cfg.queue.async_weight_syncing = true;
+        let err = check_retention_covers_staleness(&cfg, &keep(2)).unwrap_err().to_string();
+        assert!(err.contains("retention.keep_last") && err.contains("queue.max_staleness = 2"), "{err}");
+        assert!(check_retention_covers_staleness(&cfg, &keep(3)).is_ok());
+    }
 }

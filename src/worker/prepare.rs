@@ -5,7 +5,7 @@ use crate::error::Result;
 use trainq_engine::tokenize::{
     pack, ChatTokenizer, MicroBatch, PackItem, TokenizeError, TokenizedTrajectory, Trajectory,
 };
-use trainq_queue::config::TrainConfig;
+use trainq_queue::config::{TrainConfig, UnknownPolicyVersion};
 use trainq_queue::db::claims::ClaimedGroup;
 use trainq_queue::rl::{advantages, filter_groups, population_std, FilterParams, FilterReport, SkipReason};
 
@@ -22,6 +22,8 @@ pub(crate) struct PreparedStep {
     pub trajectories: usize,
     /// Trained (assistant) tokens in the batches.
     pub tokens: usize,
+    /// Trained tokens that carry the sampler's log-prob (the rest train with ratio 1).
+    pub logprob_tokens: usize,
 }
 
 /// Filters, tokenizes and packs `groups` for a step that starts from `current_step`.
@@ -35,6 +37,7 @@ pub(crate) fn prepare_step(
         zero_variance_tolerance: cfg.advantages.zero_variance_tolerance,
         current_step,
         accepted_staleness: cfg.accepted_staleness(),
+        accept_unknown_policy_version: cfg.queue.unknown_policy_version == UnknownPolicyVersion::Accept,
     };
     let rewards: Vec<_> = groups.iter().map(ClaimedGroup::to_group_rewards).collect();
     let mut report = filter_groups(&rewards, &params);
@@ -43,7 +46,9 @@ pub(crate) fn prepare_step(
     let kept_before = report.kept.clone();
     for group in groups.iter().filter(|g| kept_before.contains(&g.id)) {
         let group_rewards = group.rewards();
-        match tokenize_group(group, tokenizer, cfg.max_seq_len) {
+        let tokenized = tokenize_group(group, tokenizer, cfg.max_seq_len)
+            .and_then(|t| require_logprobs(t, cfg.loss.allow_training_without_logprobs));
+        match tokenized {
             Ok(tokenized) => kept.push((group, group_rewards, tokenized)),
             Err((reason, detail)) => {
                 report.mark_skipped(group.id, reason, Some(population_std(&group_rewards)), Some(detail));
@@ -65,6 +70,7 @@ pub(crate) fn prepare_step(
     Ok(PreparedStep {
         trajectories: items.len(),
         tokens: items.iter().map(|i| i.trajectory.trained_tokens()).sum(),
+        logprob_tokens: items.iter().map(|i| logprob_tokens(i.trajectory)).sum(),
         trained: kept.iter().map(|(g, r, _)| (r.clone(), g.policy_version)).collect(),
         report,
         batches,
@@ -88,4 +94,31 @@ fn tokenize_group(
             })
         })
         .collect()
+}
+
+/// Trained tokens of `t` that carry the sampler's log-prob.
+fn logprob_tokens(t: &TokenizedTrajectory) -> usize {
+    t.trained.iter().zip(&t.sampler_logprobs).filter(|(trained, lp)| **trained && lp.is_some()).count()
+}
+
+/// Refuses (as `invalid`) a group with a trajectory whose trained tokens carry no sampler log-prob
+/// at all, unless `loss.allow_training_without_logprobs`: without them the importance ratio is 1
+/// and off-policy samples would be trained as if on-policy.
+fn require_logprobs(
+    tokenized: Vec<TokenizedTrajectory>,
+    allowed: bool,
+) -> std::result::Result<Vec<TokenizedTrajectory>, (SkipReason, String)> {
+    if allowed {
+        return Ok(tokenized);
+    }
+    match tokenized.iter().position(|t| t.trained_tokens() > 0 && logprob_tokens(t) == 0) {
+        Some(i) => Err((
+            SkipReason::Invalid,
+            format!(
+                "trajectory {i}: no sampler log-probs on its trained tokens (send \"logprobs\", or set \
+                 loss.allow_training_without_logprobs = true to train it with importance ratio 1)"
+            ),
+        )),
+        None => Ok(tokenized),
+    }
 }

@@ -1,5 +1,6 @@
-//! Pure summaries of a step's trained groups for its `trainq.steps` row: reward mean, the mean
-//! of each group's own reward std, and the policy lag the step actually saw.
+//! Pure summaries of a step's groups for its `trainq.steps` row (or its `trainq.skipped_passes`
+//! row): reward mean of the trained groups, of every claimed group and of the skipped ones, the
+//! mean of each group's own reward std, and the policy lag the step actually saw.
 
 use trainq_queue::rl::advantages::{mean, population_std};
 
@@ -10,9 +11,9 @@ pub struct TrainedGroupsSummary {
     pub reward_mean: Option<f64>,
     /// Mean over trained groups of each group's own population reward std.
     pub reward_std_mean: Option<f64>,
-    /// Smallest `step − policy_version` among trained groups with a known version.
+    /// Smallest `current_step − policy_version` among trained groups with a known version.
     pub policy_lag_min: Option<i64>,
-    /// Largest `step − policy_version` among trained groups with a known version.
+    /// Largest `current_step − policy_version` among trained groups with a known version.
     pub policy_lag_max: Option<i64>,
 }
 
@@ -33,9 +34,45 @@ pub fn summarize_trained(groups: &[(Vec<f64>, Option<i64>)], current_step: i64) 
     }
 }
 
+/// The rewards of every group a step (or a skipped pass) claimed, trained or skipped.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ClaimedGroupsSummary {
+    /// Mean reward over every claimed trajectory.
+    pub reward_mean_claimed: Option<f64>,
+    /// Mean reward over the trajectories of the skipped groups.
+    pub reward_mean_skipped: Option<f64>,
+    /// Mean over the skipped groups of each group's own population reward std.
+    pub reward_std_mean_skipped: Option<f64>,
+}
+
+/// Summarizes claimed groups given as (rewards, skipped), so that reward curves also show the
+/// groups a step could not learn from (zero variance is saturation, not silence).
+pub fn summarize_claimed(groups: &[(Vec<f64>, bool)]) -> ClaimedGroupsSummary {
+    let mean_of = |pick: &dyn Fn(bool) -> bool| {
+        let all: Vec<f64> = groups.iter().filter(|(_, s)| pick(*s)).flat_map(|(r, _)| r.iter().copied()).collect();
+        (!all.is_empty()).then(|| mean(&all))
+    };
+    let skipped_stds: Vec<f64> = groups.iter().filter(|(_, s)| *s).map(|(r, _)| population_std(r)).collect();
+    ClaimedGroupsSummary {
+        reward_mean_claimed: mean_of(&|_| true),
+        reward_mean_skipped: mean_of(&|skipped| skipped),
+        reward_std_mean_skipped: (!skipped_stds.is_empty()).then(|| mean(&skipped_stds)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn claimed_rewards_cover_trained_and_skipped_groups_separately() {
+        let groups = vec![(vec![0.0, 1.0], false), (vec![1.0, 1.0], true), (vec![1.0, 1.0, 1.0, 1.0], true)];
+        let s = summarize_claimed(&groups);
+        assert!((s.reward_mean_claimed.unwrap() - 7.0 / 8.0).abs() < 1e-12);
+        assert_eq!((s.reward_mean_skipped, s.reward_std_mean_skipped), (Some(1.0), Some(0.0)));
+        let none_skipped = summarize_claimed(&groups[..1]);
+        assert_eq!((none_skipped.reward_mean_claimed, none_skipped.reward_mean_skipped), (Some(0.5), None));
+    }
 
     #[test]
     fn rewards_and_lags_are_summarized_per_group() {

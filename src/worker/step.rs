@@ -13,14 +13,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::options::WorkerOptions;
 use super::prepare::{prepare_step, PreparedStep};
-use super::record::summarize_trained;
+use super::record::{summarize_claimed, summarize_trained};
 use crate::error::{Error, Result};
 use trainq_engine::engine::Engine;
 use trainq_engine::tokenize::{ChatTokenizer, MicroBatch};
 use trainq_engine::train::StepMetrics;
 use trainq_queue::config::TrainConfig;
-use trainq_queue::db::claims::{claim_groups, release_groups, skip_groups, unclaim_groups, Claim, ClaimParams};
+use trainq_queue::db::claims::{claim_groups, release_groups, unclaim_groups, Claim, ClaimParams, PolicyWindow};
 use trainq_queue::db::commit_lock::{lock_commits, CommitLock};
+use trainq_queue::db::skipped_passes::{record_skipped_pass, SkippedPass};
 use trainq_queue::db::steps::{commit_step, CheckpointRecord, StepRecord};
 use trainq_queue::queue::spawn_lease_heartbeat;
 use trainq_queue::storage::{upload_checkpoint, Store, UploadOptions, UploadedCheckpoint};
@@ -58,8 +59,28 @@ pub(crate) struct StepContext<'a> {
     pub committed_dir: Option<PathBuf>,
 }
 
+/// The groups a step from checkpoint `current_step` may train (DESIGN §5b); up to a step's
+/// worth of too-old groups ride along to be skipped `stale` with it.
+pub(crate) fn policy_window(cfg: &TrainConfig, current_step: i64) -> PolicyWindow {
+    PolicyWindow {
+        current_step,
+        accepted_staleness: cfg.accepted_staleness(),
+        unknown_policy_version: cfg.queue.unknown_policy_version,
+        too_old_limit: cfg.queue.groups_per_step as i64,
+    }
+}
+
+/// What the batch assembly decided before a step claims.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct BatchPlan {
+    /// Eligible groups to claim: `groups_per_step`, or 0 to claim only too-old groups.
+    pub eligible_limit: i64,
+    /// Seconds spent waiting for the batch.
+    pub wait_s: f64,
+}
+
 /// Claims and runs one step of the model whose current step is `current`.
-pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current: StepNumber) -> Result<StepOutcome> {
+pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current: StepNumber, plan: BatchPlan) -> Result<StepOutcome> {
     let current_step = current.get();
     let started_at = Utc::now();
     let clock = Instant::now();
@@ -68,9 +89,10 @@ pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current: StepNumber) -> 
         &ClaimParams {
             model: ctx.opts.model.clone(),
             worker_id: ctx.opts.worker_id.clone(),
-            limit: ctx.cfg.queue.groups_per_step as i64,
+            limit: plan.eligible_limit,
             lease_seconds: ctx.cfg.queue.lease_seconds as f64,
             now: None,
+            window: Some(policy_window(ctx.cfg, current_step)),
         },
     )
     .await?;
@@ -84,7 +106,7 @@ pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current: StepNumber) -> 
     let every = Duration::from_secs_f64(lease / 3.0);
     let heartbeat = spawn_lease_heartbeat(ctx.pool.clone(), claim.token, lease, every, stop.clone());
     let claim_s = clock.elapsed().as_secs_f64();
-    let run = StepRun { claim: &claim, stop: &stop, current_step, started_at, claim_s };
+    let run = StepRun { claim: &claim, stop: &stop, current_step, started_at, claim_s, wait_s: plan.wait_s };
     let outcome = match prepare_and_train(ctx, &run).await {
         Ok(outcome) => outcome,
         Err(err) => abandon(ctx, &claim, run.explain(ctx, err)).await?,
@@ -101,6 +123,8 @@ struct StepRun<'c> {
     current_step: i64,
     started_at: chrono::DateTime<Utc>,
     claim_s: f64,
+    /// Seconds spent assembling the batch before the claim.
+    wait_s: f64,
 }
 
 impl StepRun<'_> {
@@ -139,7 +163,8 @@ async fn prepare_and_train(ctx: &mut StepContext<'_>, run: &StepRun<'_>) -> Resu
     let prepare_s = clock.elapsed().as_secs_f64();
     tracing::info!(model = %ctx.opts.model, step = current_step + 1, "{}", prepared.report);
     if prepared.report.kept.is_empty() {
-        skip_groups(ctx.pool, claim.token, &prepared.report.skipped).await?;
+        let pass = skipped_pass(ctx, claim, &prepared, current_step, started_at);
+        record_skipped_pass(ctx.pool, claim.token, &pass, &prepared.report.skipped).await?;
         tracing::info!(
             model = %ctx.opts.model,
             "no step taken: all {} claimed group(s) were skipped; waiting for more",
@@ -165,7 +190,8 @@ async fn prepare_and_train(ctx: &mut StepContext<'_>, run: &StepRun<'_>) -> Resu
     let save_s = clock.elapsed().as_secs_f64();
 
     super::fault_hook::pause_if_requested("upload", step).await;
-    let timings = json!({"claim": claim_s, "prepare": prepare_s, "train": train_s, "save": save_s});
+    let timings =
+        json!({"batch_wait": run.wait_s, "claim": claim_s, "prepare": prepare_s, "train": train_s, "save": save_s});
     let trained = TrainedStep { step, started_at, timings, metrics, real_tokens, format, staged };
     // Held through upload and commit: no other worker of this model writes step `step` meanwhile.
     let mut lock = lock_commits(ctx.pool, &ctx.opts.model).await?;
@@ -294,6 +320,7 @@ fn step_record(
     uploaded: &UploadedCheckpoint,
 ) -> StepRecord {
     let summary = summarize_trained(&prepared.trained, step - 1);
+    let claimed = summarize_claimed(&claimed_rewards(claim, prepared));
     StepRecord {
         model: ctx.opts.model.clone(),
         step: StepNumber(step),
@@ -302,6 +329,7 @@ fn step_record(
         started_at,
         finished_at: Utc::now(),
         groups_claimed: claim.groups.len() as i32,
+        groups_wanted: Some(ctx.cfg.queue.groups_per_step as i32),
         groups_trained: prepared.report.kept.len() as i32,
         groups_skipped: prepared.report.counts_json(),
         trajectories: prepared.trajectories as i32,
@@ -314,6 +342,10 @@ fn step_record(
         grad_norm: Some(metrics.grad_norm),
         learning_rate: Some(metrics.lr),
         reward_mean: summary.reward_mean,
+        reward_mean_claimed: claimed.reward_mean_claimed,
+        reward_mean_skipped: claimed.reward_mean_skipped,
+        logprob_coverage: (prepared.tokens > 0).then(|| prepared.logprob_tokens as f64 / prepared.tokens as f64),
+        importance_ratio_mean: Some(metrics.mean_ratio),
         reward_std_mean: summary.reward_std_mean,
         policy_lag_min: summary.policy_lag_min,
         policy_lag_max: summary.policy_lag_max,
@@ -321,5 +353,31 @@ fn step_record(
         devices: json!(ctx.opts.placement.device_names()),
         checkpoint_uri: Some(uploaded.uri.clone()),
         checkpoint_sha256: Some(uploaded.manifest_sha256.clone()),
+    }
+}
+
+/// Each claimed group's rewards, and whether the step skipped it.
+fn claimed_rewards(claim: &Claim, prepared: &PreparedStep) -> Vec<(Vec<f64>, bool)> {
+    claim.groups.iter().map(|g| (g.rewards(), !prepared.report.kept.contains(&g.id))).collect()
+}
+
+/// The record of a pass whose claimed groups were all skipped.
+fn skipped_pass(
+    ctx: &StepContext<'_>,
+    claim: &Claim,
+    prepared: &PreparedStep,
+    current_step: i64,
+    started_at: chrono::DateTime<Utc>,
+) -> SkippedPass {
+    let claimed = summarize_claimed(&claimed_rewards(claim, prepared));
+    SkippedPass {
+        model: ctx.opts.model.clone(),
+        current_step,
+        worker_id: ctx.opts.worker_id.clone(),
+        started_at,
+        groups_claimed: claim.groups.len() as i32,
+        groups_skipped: prepared.report.counts_json(),
+        reward_mean_claimed: claimed.reward_mean_claimed,
+        reward_std_mean: claimed.reward_std_mean_skipped,
     }
 }

@@ -8,7 +8,8 @@ template has no {% generation %} blocks, so return_assistant_tokens_mask is unav
 reference mask is found independently of trainq's prefix-render method, by locating assistant
 spans in the token ids: every token after an assistant header (the text add_generation_prompt
 appends, "<|im_start|>assistant\\n" for Qwen) up to and including the next eos token
-("<|im_end|>") is an assistant token.
+("<|im_end|>") is an assistant token. The conversation's optional "chat_template_kwargs" object
+is passed to every apply_chat_template call (e.g. {"enable_thinking": false}).
 """
 import json
 import sys
@@ -37,14 +38,15 @@ def main():
     tok_dir, conversation, out = sys.argv[1:4]
     tok = AutoTokenizer.from_pretrained(tok_dir)
     conv = json.load(open(conversation))
-    text = tok.apply_chat_template(conv["messages"], tools=conv.get("tools"), tokenize=False)
-    ids = tok.apply_chat_template(conv["messages"], tools=conv.get("tools"), tokenize=True)
+    kwargs = conv.get("chat_template_kwargs", {})
+    text = tok.apply_chat_template(conv["messages"], tools=conv.get("tools"), tokenize=False, **kwargs)
+    ids = tok.apply_chat_template(conv["messages"], tools=conv.get("tools"), tokenize=True, **kwargs)
     if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding
         ids = ids["input_ids"]
     ids = list(ids)
     first = conv["messages"][:1]
-    with_prompt = tok.apply_chat_template(first, tokenize=False, add_generation_prompt=True)
-    without = tok.apply_chat_template(first, tokenize=False, add_generation_prompt=False)
+    with_prompt = tok.apply_chat_template(first, tokenize=False, add_generation_prompt=True, **kwargs)
+    without = tok.apply_chat_template(first, tokenize=False, add_generation_prompt=False, **kwargs)
     assert with_prompt.startswith(without), "generation prompt is not a suffix"
     header = tok.encode(with_prompt[len(without):], add_special_tokens=False)
     end_id = tok.convert_tokens_to_ids(tok.eos_token)

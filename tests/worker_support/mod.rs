@@ -30,7 +30,9 @@ pub fn build_model(dir: &Path) -> PathBuf {
     model_dir
 }
 
-/// A LoRA config for the tiny model: `groups_per_step` groups a step, `lease_seconds` leases.
+/// A LoRA config for the tiny model: `groups_per_step` groups a step, `lease_seconds` leases,
+/// a short batch after 2 s of waiting, and trajectories without sampler log-probs accepted (the
+/// fixtures' chats carry none).
 pub fn tiny_config(groups_per_step: usize, lease_seconds: i64) -> TrainConfig {
     let mut cfg = TrainConfig {
         lora: Some(LoraConfig { rank: 4, alpha: 8.0, ..LoraConfig::default() }),
@@ -41,6 +43,8 @@ pub fn tiny_config(groups_per_step: usize, lease_seconds: i64) -> TrainConfig {
     cfg.optimizer.learning_rate = 1e-3;
     cfg.queue.groups_per_step = groups_per_step;
     cfg.queue.lease_seconds = lease_seconds;
+    cfg.queue.max_batch_wait_seconds = 2.0;
+    cfg.loss.allow_training_without_logprobs = true;
     cfg
 }
 

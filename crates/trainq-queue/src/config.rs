@@ -42,6 +42,9 @@ pub const DEFAULT_LEASE_SECONDS: i64 = 600;
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 3;
 /// Default tolerance under which a group's reward std counts as zero.
 pub const DEFAULT_ZERO_VARIANCE_TOLERANCE: f64 = 1e-6;
+/// Default longest wait, in seconds, for a full batch of `groups_per_step` eligible groups after
+/// the first eligible one arrived; then the step trains the groups it has (a short batch).
+pub const DEFAULT_MAX_BATCH_WAIT_SECONDS: f64 = 60.0;
 
 /// Everything that shapes a training step of one model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +64,9 @@ pub struct TrainConfig {
     pub max_seq_len: usize,
     /// Token budget of one packed micro-batch (gradient accumulation runs over micro-batches).
     pub max_tokens_per_micro_batch: usize,
+    /// Extra chat-template variables, as the sampler passed them to `apply_chat_template`
+    /// (e.g. Qwen3's `{"enable_thinking": false}`), so the training render equals the sampler's.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for TrainConfig {
@@ -73,6 +79,7 @@ impl Default for TrainConfig {
             queue: QueueConfig::default(),
             max_seq_len: DEFAULT_MAX_SEQ_LEN,
             max_tokens_per_micro_batch: DEFAULT_MAX_TOKENS_PER_MICRO_BATCH,
+            chat_template_kwargs: serde_json::Map::new(),
         }
     }
 }
@@ -176,6 +183,10 @@ pub struct LossConfig {
     pub kl_coef: f64,
     /// Token-mean or sequence-mean normalization.
     pub normalization: LossNormalization,
+    /// Train trajectories whose trained tokens carry no sampler log-prob at all (their ratio is
+    /// then 1: no off-policy correction). Off by default, as in ART: such a group is skipped
+    /// `invalid` with a detail naming this setting.
+    pub allow_training_without_logprobs: bool,
 }
 
 impl Default for LossConfig {
@@ -187,6 +198,7 @@ impl Default for LossConfig {
             epsilon_high: None,
             kl_coef: DEFAULT_KL_COEF,
             normalization: LossNormalization::TokenMean,
+            allow_training_without_logprobs: false,
         }
     }
 }
@@ -221,6 +233,36 @@ pub struct QueueConfig {
     pub lease_seconds: i64,
     /// Claims of one group before it is marked failed.
     pub max_attempts: i32,
+    /// Longest wait, in seconds, for `groups_per_step` eligible groups after the first eligible
+    /// one arrived; then the step trains what it has and its row says so (`groups_wanted`).
+    pub max_batch_wait_seconds: f64,
+    /// What a group with NULL `policy_version` (sampled from an unknown checkpoint) is.
+    pub unknown_policy_version: UnknownPolicyVersion,
+}
+
+/// What a group whose `policy_version` is NULL is: its lag is unknown, so it is not on-policy
+/// by default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownPolicyVersion {
+    /// The database refuses the insert (SQLSTATE TQ030); groups already stored are skipped `stale`.
+    Refuse,
+    /// Accepted at insert, skipped `stale` by the worker (never trained).
+    #[default]
+    Stale,
+    /// Trained as if on-policy (lag unknown; the step's lag columns leave it out).
+    Accept,
+}
+
+impl UnknownPolicyVersion {
+    /// The config and SQL label (`refuse`, `stale`, `accept`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Refuse => "refuse",
+            Self::Stale => "stale",
+            Self::Accept => "accept",
+        }
+    }
 }
 
 impl Default for QueueConfig {
@@ -231,6 +273,8 @@ impl Default for QueueConfig {
             max_staleness: DEFAULT_MAX_STALENESS,
             lease_seconds: DEFAULT_LEASE_SECONDS,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            max_batch_wait_seconds: DEFAULT_MAX_BATCH_WAIT_SECONDS,
+            unknown_policy_version: UnknownPolicyVersion::Stale,
         }
     }
 }
@@ -271,9 +315,20 @@ impl TrainConfig {
         check(o.eps > 0.0, "optimizer.eps", "must be positive")?;
         check(o.max_grad_norm >= 0.0, "optimizer.max_grad_norm", "must not be negative")?;
         let l = &self.loss;
-        check(l.epsilon > 0.0 && l.epsilon < 1.0, "loss.epsilon", "must lie in (0, 1)")?;
-        check(l.epsilon_high.is_none_or(|e| e > 0.0), "loss.epsilon_high", "must be positive")?;
+        match l.kind {
+            // PPO's lower clip 1 − ε must stay above 0.
+            LossKind::PpoClip => check(l.epsilon > 0.0 && l.epsilon < 1.0, "loss.epsilon", "must lie in (0, 1)")?,
+            // CISPO clips a stop-gradient weight; ε ≥ 1 (no lower clip) is ART's default.
+            LossKind::Cispo => check(l.epsilon > 0.0 && l.epsilon.is_finite(), "loss.epsilon", "must be positive")?,
+        }
+        check(l.epsilon_high.is_none_or(|e| e > 0.0 && e.is_finite()), "loss.epsilon_high", "must be positive")?;
         check(l.kl_coef >= 0.0, "loss.kl_coef", "must not be negative")?;
+        check(
+            l.kl_coef == 0.0 || self.lora.is_some(),
+            "loss.kl_coef",
+            "a KL term needs a reference model, and a full fine-tune (lora: null) keeps none: the \
+             reference is the base model with LoRA disabled. Set loss.kl_coef to 0 or train a LoRA",
+        )?;
         check(
             self.advantages.zero_variance_tolerance >= 0.0,
             "advantages.zero_variance_tolerance",
@@ -284,6 +339,11 @@ impl TrainConfig {
         check(q.max_staleness >= 0, "queue.max_staleness", "must not be negative")?;
         check(q.lease_seconds > 0, "queue.lease_seconds", "must be positive")?;
         check(q.max_attempts > 0, "queue.max_attempts", "must be positive")?;
+        check(
+            q.max_batch_wait_seconds >= 0.0 && q.max_batch_wait_seconds.is_finite(),
+            "queue.max_batch_wait_seconds",
+            "must be a finite number of seconds, 0 or more",
+        )?;
         check(self.max_seq_len > 1, "max_seq_len", "must be at least 2")?;
         check(
             self.max_tokens_per_micro_batch >= self.max_seq_len,
@@ -331,6 +391,28 @@ mod tests {
     #[test]
     fn unknown_fields_are_refused() {
         assert!(TrainConfig::from_json(&serde_json::json!({"lora_rank": 4})).is_err());
+    }
+
+    #[test]
+    fn kl_on_a_full_fine_tune_is_refused_naming_the_setting() {
+        let err = TrainConfig::from_json(&serde_json::json!({"lora": null, "loss": {"kl_coef": 0.1}})).unwrap_err();
+        assert!(err.to_string().contains("loss.kl_coef") && err.to_string().contains("full fine-tune"), "{err}");
+        assert!(TrainConfig::from_json(&serde_json::json!({"loss": {"kl_coef": 0.1}})).is_ok());
+    }
+
+    #[test]
+    fn cispo_takes_arts_epsilons_and_ppo_keeps_its_lower_clip_positive() {
+        let cispo = serde_json::json!({"loss": {"kind": "cispo", "epsilon": 1.0, "epsilon_high": 4.0}});
+        assert!(TrainConfig::from_json(&cispo).is_ok());
+        let ppo = serde_json::json!({"loss": {"kind": "ppo_clip", "epsilon": 1.0}});
+        assert!(TrainConfig::from_json(&ppo).unwrap_err().to_string().contains("loss.epsilon"));
+    }
+
+    #[test]
+    fn unknown_policy_versions_are_stale_by_default() {
+        assert_eq!(TrainConfig::default().queue.unknown_policy_version, UnknownPolicyVersion::Stale);
+        let cfg = TrainConfig::from_json(&serde_json::json!({"queue": {"unknown_policy_version": "refuse"}})).unwrap();
+        assert_eq!(cfg.queue.unknown_policy_version, UnknownPolicyVersion::Refuse);
     }
 
     #[test]

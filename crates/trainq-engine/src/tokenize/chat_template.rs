@@ -21,6 +21,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    /// Extra template variables, as `apply_chat_template(..., **kwargs)` passes them (e.g.
+    /// Qwen3's `enable_thinking`); the standard variables take precedence.
+    kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What one render call gets: the OpenAI-format messages, optional tool schemas.
@@ -51,7 +54,13 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned(TEMPLATE_NAME, source.to_string())
             .map_err(|e| Error::Tokenize(format!("chat template does not compile: {e:#}")))?;
-        Ok(Self { env, bos_token, eos_token })
+        Ok(Self { env, bos_token, eos_token, kwargs: serde_json::Map::new() })
+    }
+
+    /// Sets the extra template variables (`chat_template_kwargs`), so the training render equals
+    /// what the sampler rendered with the same kwargs.
+    pub fn set_kwargs(&mut self, kwargs: serde_json::Map<String, serde_json::Value>) {
+        self.kwargs = kwargs;
     }
 
     /// The end-of-sequence token text (`eos_token` of tokenizer_config.json), if any.
@@ -80,6 +89,7 @@ impl ChatTemplate {
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
+            ..Value::from(Serde(&self.kwargs))
         };
         template.render(context).map_err(|e| Error::Tokenize(format!("rendering the chat template failed: {e:#}")))
     }

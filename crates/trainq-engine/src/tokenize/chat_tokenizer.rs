@@ -60,6 +60,15 @@ impl ChatTokenizer {
         Ok(Self { tokenizer, template, eos_id })
     }
 
+    /// Passes `kwargs` to every render of the chat template (the model's `chat_template_kwargs`,
+    /// e.g. `{"enable_thinking": false}` for Qwen3), as `apply_chat_template(..., **kwargs)` does.
+    pub fn with_template_kwargs(mut self, kwargs: serde_json::Map<String, serde_json::Value>) -> Self {
+        if let Some(template) = self.template.as_mut() {
+            template.set_kwargs(kwargs);
+        }
+        self
+    }
+
     /// The underlying tokenizer.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres};
 
 use super::sqlstate;
-use crate::config::DEFAULT_MAX_ATTEMPTS;
+use crate::config::{UnknownPolicyVersion, DEFAULT_MAX_ATTEMPTS};
 use crate::error::{Error, Result};
 use crate::rl::{GroupRewards, SkippedGroup};
 
@@ -17,12 +17,39 @@ pub struct ClaimParams {
     pub model: String,
     /// Id of the claiming worker (kept in `claimed_by`).
     pub worker_id: String,
-    /// Largest number of groups to claim.
+    /// Largest number of groups to claim (with a `window`: of eligible groups).
     pub limit: i64,
     /// Lease length; the heartbeat extends it.
     pub lease_seconds: f64,
     /// Clock to use instead of the database's `now()` (tests).
     pub now: Option<DateTime<Utc>>,
+    /// Which groups a step from this checkpoint may train; `None` claims any pending group.
+    pub window: Option<PolicyWindow>,
+}
+
+/// Which pending groups a step starting from `current_step` may train (DESIGN §5b): eligible
+/// ones have `current_step − policy_version ≤ accepted_staleness` (or an unknown version that
+/// the model accepts); too-old ones can never be trained by this or any later step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyWindow {
+    /// The model's current step (the checkpoint the step starts from).
+    pub current_step: i64,
+    /// Largest accepted lag: 0 when on-policy, `max_staleness` with async weight syncing.
+    pub accepted_staleness: i64,
+    /// What a NULL `policy_version` is.
+    pub unknown_policy_version: UnknownPolicyVersion,
+    /// Largest number of too-old groups to claim along with the eligible ones (they are
+    /// skipped `stale` by the step, so they are recorded with it instead of waiting forever).
+    pub too_old_limit: i64,
+}
+
+/// SQL predicate (on `trainq.groups`) for an eligible group, given the placeholders of the
+/// current step, the accepted staleness and the unknown-version setting.
+pub(crate) fn eligible_sql(current_step: &str, accepted_staleness: &str, unknown: &str) -> String {
+    format!(
+        "(CASE WHEN policy_version IS NULL THEN {unknown}::text = 'accept' \
+         ELSE policy_version >= {current_step}::bigint - {accepted_staleness}::bigint END)"
+    )
 }
 
 /// A claimed batch: the token that fences every later write, and the groups, oldest first.
@@ -72,28 +99,43 @@ impl ClaimedGroup {
 
 /// Claims up to `limit` pending groups of a model in one statement (`FOR UPDATE SKIP LOCKED`),
 /// setting state `claimed`, a fresh claim token and `lease_expires_at = now + lease_seconds`.
+///
+/// With a [`PolicyWindow`], `limit` counts eligible groups only (oldest first), and up to
+/// `too_old_limit` groups too old for any future step are claimed with them, so the step skips
+/// them `stale` and records it.
 pub async fn claim_groups(pool: &PgPool, params: &ClaimParams) -> Result<Claim> {
     let token = ClaimToken::new();
-    let mut groups: Vec<ClaimedGroup> = sqlx::query_as(
-        "WITH picked AS ( \
-             SELECT id FROM trainq.groups WHERE model = $1 AND state = 'pending' \
-             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED) \
+    let eligible = eligible_sql("$7", "$8", "$9");
+    let sql = format!(
+        "WITH eligible AS ( \
+             SELECT id FROM trainq.groups WHERE model = $1 AND state = 'pending' AND ($7::bigint IS NULL OR {eligible}) \
+             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+         too_old AS ( \
+             SELECT id FROM trainq.groups WHERE model = $1 AND state = 'pending' AND $7::bigint IS NOT NULL \
+             AND NOT {eligible} ORDER BY id LIMIT $10 FOR UPDATE SKIP LOCKED), \
+         picked AS (SELECT id FROM eligible UNION ALL SELECT id FROM too_old) \
          UPDATE trainq.groups g \
          SET state = 'claimed', claim_token = $4, claimed_by = $2, claimed_at = coalesce($5, now()), \
              lease_expires_at = coalesce($5, now()) + make_interval(secs => $6) \
          FROM picked WHERE g.id = picked.id \
          RETURNING g.id, g.policy_version, g.trajectories, g.reward_mean, g.reward_std, g.reward_count, \
-                   g.attempts, g.metadata",
-    )
-    .bind(&params.model)
-    .bind(&params.worker_id)
-    .bind(params.limit)
-    .bind(token)
-    .bind(params.now)
-    .bind(params.lease_seconds)
-    .fetch_all(pool)
-    .await
-    .map_err(Error::db(format!("claim groups of model {:?}", params.model)))?;
+                   g.attempts, g.metadata"
+    );
+    let window = params.window.as_ref();
+    let mut groups: Vec<ClaimedGroup> = sqlx::query_as(&sql)
+        .bind(&params.model)
+        .bind(&params.worker_id)
+        .bind(params.limit)
+        .bind(token)
+        .bind(params.now)
+        .bind(params.lease_seconds)
+        .bind(window.map(|w| w.current_step))
+        .bind(window.map_or(0, |w| w.accepted_staleness))
+        .bind(window.map_or("stale", |w| w.unknown_policy_version.as_str()))
+        .bind(window.map_or(0, |w| w.too_old_limit))
+        .fetch_all(pool)
+        .await
+        .map_err(Error::db(format!("claim groups of model {:?}", params.model)))?;
     groups.sort_by_key(|g| g.id);
     Ok(Claim { token, model: params.model.clone(), groups })
 }

@@ -82,6 +82,48 @@ pub async fn has_pending(pool: &PgPool, model: &str) -> Result<bool> {
         .map_err(Error::db(format!("check pending groups of model {model:?}")))
 }
 
+/// What a step from one checkpoint could claim now (see [`super::claims::PolicyWindow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ClaimableGroups {
+    /// The model's current step when counted (the window is only right if it equals the one asked).
+    pub current_step: i64,
+    /// Pending groups this step may train.
+    pub eligible: i64,
+    /// Seconds since the oldest eligible pending group was submitted (database clock).
+    pub oldest_eligible_age_seconds: Option<f64>,
+    /// Pending groups too old for this or any later step (to be skipped `stale`).
+    pub too_old: i64,
+}
+
+/// Counts the pending groups of `model` that a step in `window` may train, and those too old
+/// for it, in one index scan of the pending groups.
+pub async fn count_claimable(
+    pool: &PgPool,
+    model: &str,
+    window: &super::claims::PolicyWindow,
+) -> Result<ClaimableGroups> {
+    let eligible = super::claims::eligible_sql("$2", "$3", "$4");
+    let sql = format!(
+        "SELECT m.current_step, \
+                count(g.id) FILTER (WHERE {eligible}), \
+                extract(epoch FROM now() - min(g.created_at) FILTER (WHERE {eligible}))::float8, \
+                count(g.id) FILTER (WHERE NOT {eligible}) \
+         FROM trainq.models m LEFT JOIN trainq.groups g ON g.model = m.name AND g.state = 'pending' \
+         WHERE m.name = $1 GROUP BY m.current_step"
+    );
+    let row: Option<(i64, i64, Option<f64>, i64)> = sqlx::query_as(&sql)
+        .bind(model)
+        .bind(window.current_step)
+        .bind(window.accepted_staleness)
+        .bind(window.unknown_policy_version.as_str())
+        .fetch_optional(pool)
+        .await
+        .map_err(Error::db(format!("count claimable groups of model {model:?}")))?;
+    let (current_step, eligible, oldest_eligible_age_seconds, too_old) =
+        row.ok_or_else(|| Error::UnknownModel(model.to_string()))?;
+    Ok(ClaimableGroups { current_step, eligible, oldest_eligible_age_seconds, too_old })
+}
+
 /// Queue depth of one model, as `trainq status` shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueCounts {

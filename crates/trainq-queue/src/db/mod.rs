@@ -10,6 +10,7 @@ pub mod databases;
 pub mod groups;
 pub mod models;
 pub mod rendezvous;
+pub mod skipped_passes;
 pub mod sqlstate;
 pub mod steps;
 pub mod workers;
@@ -20,16 +21,18 @@ use crate::error::Result;
 
 pub use claims::{
     claim_groups, extend_lease, fail_groups, release_groups, rescue_expired, skip_groups, unclaim_groups, Claim,
-    ClaimParams, ClaimedGroup, RescueReport,
+    ClaimParams, ClaimedGroup, PolicyWindow, RescueReport,
 };
 pub use groups::{
-    count_pending, group_status, has_pending, queue_counts, submit_group, GroupStatus, NewGroup, QueueCounts,
+    count_claimable, count_pending, group_status, has_pending, queue_counts, submit_group, ClaimableGroups,
+    GroupStatus, NewGroup, QueueCounts,
 };
 pub use models::{create_model, get_model, list_models, Model, NewModel};
 pub use rendezvous::{
     get_rendezvous, join_rendezvous, publish_unique_id, wait_for_unique_id, PublishParams, Rendezvous,
     DEFAULT_RENDEZVOUS_TTL, RENDEZVOUS_POLL_INTERVAL,
 };
+pub use skipped_passes::{list_skipped_passes, record_skipped_pass, SkippedPass};
 pub use steps::{
     all_steps, commit_step, deleted_checkpoint_steps, latest_checkpoint, list_steps, mark_checkpoints_deleted,
     CheckpointRecord, StepRecord,

@@ -40,6 +40,8 @@ pub const PAYLOAD_TOO_LARGE: &str = "TQ017";
 pub const NOT_AN_OBJECT: &str = "TQ018";
 /// `tools` malformed.
 pub const TOOLS_MALFORMED: &str = "TQ019";
+/// `policy_version` missing while the model sets `queue.unknown_policy_version = "refuse"`.
+pub const POLICY_VERSION_UNKNOWN: &str = "TQ030";
 
 /// A fenced write found groups no longer held by its claim token (raised by trainq's own
 /// queries, never by producer input); the statement wrote nothing.

@@ -26,6 +26,9 @@ pub struct StepRecord {
     pub finished_at: DateTime<Utc>,
     /// Groups claimed for the step.
     pub groups_claimed: i32,
+    /// `groups_per_step` when the step was taken: fewer eligible groups than this is a short
+    /// batch (`max_batch_wait_seconds` ran out).
+    pub groups_wanted: Option<i32>,
     /// Groups trained.
     pub groups_trained: i32,
     /// Skipped groups by reason, e.g. `{"zero_variance": 3}`.
@@ -44,11 +47,20 @@ pub struct StepRecord {
     pub learning_rate: Option<f64>,
     /// Mean reward over trained trajectories.
     pub reward_mean: Option<f64>,
+    /// Mean reward over the trajectories of every claimed group, trained or skipped.
+    pub reward_mean_claimed: Option<f64>,
+    /// Mean reward over the trajectories of the skipped groups (`None`: none skipped).
+    pub reward_mean_skipped: Option<f64>,
+    /// Share of trained tokens that carried a sampler log-prob.
+    pub logprob_coverage: Option<f64>,
+    /// Mean importance ratio over trained tokens (1 where no sampler log-prob).
+    pub importance_ratio_mean: Option<f64>,
     /// Mean over trained groups of each group's own reward std.
     pub reward_std_mean: Option<f64>,
-    /// Smallest `step − policy_version` among trained groups.
+    /// Smallest `current_step − policy_version` among trained groups, `current_step` being the
+    /// checkpoint this step started from (`step − 1`): on-policy groups have lag 0.
     pub policy_lag_min: Option<i64>,
-    /// Largest `step − policy_version` among trained groups.
+    /// Largest `current_step − policy_version` among trained groups.
     pub policy_lag_max: Option<i64>,
     /// Seconds per phase, e.g. `{"train": 12.3}`.
     pub timings: serde_json::Value,
@@ -139,8 +151,10 @@ async fn insert_step(tx: &mut Transaction<'_, Postgres>, s: &StepRecord) -> std:
         "INSERT INTO trainq.steps (model, step, worker_id, async_weight_syncing, started_at, finished_at, \
              groups_claimed, groups_trained, groups_skipped, trajectories, tokens, loss, loss_parts, grad_norm, \
              learning_rate, reward_mean, reward_std_mean, policy_lag_min, policy_lag_max, timings, devices, \
-             checkpoint_uri, checkpoint_sha256) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)",
+             checkpoint_uri, checkpoint_sha256, groups_wanted, reward_mean_claimed, reward_mean_skipped, \
+             logprob_coverage, importance_ratio_mean) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, \
+                 $24, $25, $26, $27, $28)",
     )
     .bind(&s.model)
     .bind(s.step)
@@ -165,6 +179,11 @@ async fn insert_step(tx: &mut Transaction<'_, Postgres>, s: &StepRecord) -> std:
     .bind(&s.devices)
     .bind(&s.checkpoint_uri)
     .bind(&s.checkpoint_sha256)
+    .bind(s.groups_wanted)
+    .bind(s.reward_mean_claimed)
+    .bind(s.reward_mean_skipped)
+    .bind(s.logprob_coverage)
+    .bind(s.importance_ratio_mean)
     .execute(&mut **tx)
     .await
     .map(drop)

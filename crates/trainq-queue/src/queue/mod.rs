@@ -11,9 +11,9 @@ pub mod wait;
 
 pub use crate::db::claims::{
     claim_groups, extend_lease, fail_groups, release_groups, rescue_expired, skip_groups, Claim, ClaimParams,
-    ClaimedGroup, RescueReport,
+    ClaimedGroup, PolicyWindow, RescueReport,
 };
 pub use checkpoints::{latest, wait_for_checkpoint, LatestCheckpoint, CHECKPOINTS_CHANNEL};
 pub use lease::{spawn_lease_heartbeat, LeaseHeartbeat};
 pub use rescuer::spawn_rescuer;
-pub use wait::{wait_for_groups, GroupWaiter, DEFAULT_POLL_INTERVAL, GROUPS_CHANNEL};
+pub use wait::{wait_for_groups, BatchReadiness, GroupWaiter, DEFAULT_POLL_INTERVAL, GROUPS_CHANNEL};

@@ -1,4 +1,6 @@
-//! Waiting for pending groups: `LISTEN trainq_groups` (payload: model), with a poll fallback.
+//! Waiting for pending groups: `LISTEN trainq_groups` (payload: model), with a poll fallback;
+//! and assembling a batch (DESIGN §5b): waiting until a step's worth of eligible groups is
+//! pending, or until the oldest of them has waited `max_batch_wait`.
 
 use std::time::Duration;
 
@@ -6,7 +8,8 @@ use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
-use crate::db::groups::has_pending;
+use crate::db::claims::PolicyWindow;
+use crate::db::groups::{count_claimable, has_pending};
 use crate::error::{Error, Result};
 
 /// The channel `INSERT INTO trainq.groups` notifies, with the model name as payload.
@@ -15,6 +18,32 @@ pub const GROUPS_CHANNEL: &str = "trainq_groups";
 /// skips its NOTIFY while another transaction of the same model is notifying (see migration 0005),
 /// and the check is one index probe.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(1);
+
+/// What [`GroupWaiter::wait_for_batch`] found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum BatchReadiness {
+    /// At least the wanted number of eligible groups is pending.
+    Full {
+        /// Eligible groups pending.
+        eligible: i64,
+    },
+    /// Fewer are pending, but the oldest has waited `max_batch_wait`: train what there is.
+    Short {
+        /// Eligible groups pending.
+        eligible: i64,
+        /// Seconds the oldest of them has waited.
+        waited_seconds: f64,
+    },
+    /// No eligible group, but some too old for any future step: claim them to skip them `stale`.
+    TooOldOnly {
+        /// Too-old groups pending.
+        too_old: i64,
+    },
+    /// The model's current step is no longer the window's (another worker committed).
+    StepMoved,
+    /// Nothing eligible or too old arrived within the timeout.
+    Nothing,
+}
 
 /// Waits for pending groups of a model; reuse it across steps to keep one LISTEN connection.
 #[derive(Debug)]
@@ -50,6 +79,50 @@ impl GroupWaiter {
             }
             let nap = (deadline - now).min(self.poll_interval);
             self.next_wake(model, nap).await;
+        }
+    }
+
+    /// Waits until a step in `window` has a batch: `want` eligible groups pending ([`BatchReadiness::Full`]),
+    /// or at least one whose submission is `max_batch_wait` old ([`BatchReadiness::Short`]). While
+    /// eligible groups are pending it waits for them regardless of `timeout` (at most
+    /// `max_batch_wait`); with none, it returns [`BatchReadiness::TooOldOnly`] as soon as groups too old
+    /// for any step are pending, and [`BatchReadiness::Nothing`] after `timeout`. Woken by
+    /// `NOTIFY trainq_groups`, re-counting every poll interval at the latest.
+    pub async fn wait_for_batch(
+        &mut self,
+        model: &str,
+        window: &PolicyWindow,
+        want: i64,
+        max_batch_wait: Duration,
+        timeout: Duration,
+    ) -> Result<BatchReadiness> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found = count_claimable(&self.pool, model, window).await?;
+            if found.current_step != window.current_step {
+                return Ok(BatchReadiness::StepMoved);
+            }
+            if found.eligible >= want {
+                return Ok(BatchReadiness::Full { eligible: found.eligible });
+            }
+            if found.eligible > 0 {
+                let waited = Duration::from_secs_f64(found.oldest_eligible_age_seconds.unwrap_or(0.0).max(0.0));
+                if waited >= max_batch_wait {
+                    let waited_seconds = waited.as_secs_f64();
+                    return Ok(BatchReadiness::Short { eligible: found.eligible, waited_seconds });
+                }
+                let nap = (max_batch_wait - waited).min(self.poll_interval);
+                self.next_wake(model, nap).await;
+                continue;
+            }
+            if found.too_old > 0 {
+                return Ok(BatchReadiness::TooOldOnly { too_old: found.too_old });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(BatchReadiness::Nothing);
+            }
+            self.next_wake(model, (deadline - now).min(self.poll_interval)).await;
         }
     }
 

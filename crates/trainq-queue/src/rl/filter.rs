@@ -48,7 +48,7 @@ pub struct GroupRewards {
     pub id: GroupId,
     /// The reward of each trajectory, in order.
     pub rewards: Vec<f64>,
-    /// Checkpoint step the rollouts were sampled from; `None` = unknown (never stale).
+    /// Checkpoint step the rollouts were sampled from; `None` = unknown (stale unless accepted).
     pub policy_version: Option<i64>,
 }
 
@@ -61,6 +61,9 @@ pub struct FilterParams {
     pub current_step: i64,
     /// Largest accepted `current_step − policy_version` (0 when on-policy).
     pub accepted_staleness: i64,
+    /// Train groups whose `policy_version` is unknown (`queue.unknown_policy_version = "accept"`);
+    /// otherwise they are `stale`.
+    pub accept_unknown_policy_version: bool,
 }
 
 /// A group the worker will not train, with its reason and its own reward std.
@@ -87,7 +90,8 @@ pub struct FilterReport {
 
 /// Classifies one group: `Some(skip)` when it cannot be trained, `None` when it is kept.
 /// Zero variance is checked first (the std is the group's own, a group of one has std 0), then
-/// staleness.
+/// staleness: lag `current_step − policy_version` beyond the accepted staleness, or an unknown
+/// version unless accepted.
 pub fn classify_group(group: &GroupRewards, params: &FilterParams) -> Option<SkippedGroup> {
     let std = population_std(&group.rewards);
     let skip = |reason, detail| Some(SkippedGroup { id: group.id, reason, std: Some(std), detail });
@@ -95,11 +99,18 @@ pub fn classify_group(group: &GroupRewards, params: &FilterParams) -> Option<Ski
         let detail = format!("{} reward(s), std {std} < {}", group.rewards.len(), params.zero_variance_tolerance);
         return skip(SkipReason::ZeroVariance, Some(detail));
     }
-    if let Some(version) = group.policy_version {
-        let lag = params.current_step - version;
-        if lag > params.accepted_staleness {
-            return skip(SkipReason::Stale, Some(format!("policy lag {lag} > {}", params.accepted_staleness)));
+    match group.policy_version {
+        Some(version) => {
+            let lag = params.current_step - version;
+            if lag > params.accepted_staleness {
+                return skip(SkipReason::Stale, Some(format!("policy lag {lag} > {}", params.accepted_staleness)));
+            }
         }
+        None if !params.accept_unknown_policy_version => {
+            let detail = "policy_version unknown (NULL) and queue.unknown_policy_version is not \"accept\"";
+            return skip(SkipReason::Stale, Some(detail.to_string()));
+        }
+        None => {}
     }
     None
 }
@@ -167,7 +178,12 @@ impl fmt::Display for FilterReport {
 mod tests {
     use super::*;
 
-    const PARAMS: FilterParams = FilterParams { zero_variance_tolerance: 1e-6, current_step: 5, accepted_staleness: 1 };
+    const PARAMS: FilterParams = FilterParams {
+        zero_variance_tolerance: 1e-6,
+        current_step: 5,
+        accepted_staleness: 1,
+        accept_unknown_policy_version: true,
+    };
 
     fn group(n: u128, rewards: &[f64], policy_version: Option<i64>) -> GroupRewards {
         GroupRewards { id: GroupId(uuid::Uuid::from_u128(n)), rewards: rewards.to_vec(), policy_version }
@@ -210,12 +226,21 @@ mod tests {
 
     #[test]
     fn policy_lag_beyond_the_accepted_staleness_is_stale() {
-        // current 5, accepted 1: version 4 (lag 1) kept, version 3 (lag 2) stale, unknown kept
+        // current 5, accepted 1: version 4 (lag 1) kept, version 3 (lag 2) stale, unknown kept when accepted
         assert_eq!(classify_group(&group(1, &[0.0, 1.0], Some(4)), &PARAMS), None);
         let skip = classify_group(&group(2, &[0.0, 1.0], Some(3)), &PARAMS).unwrap();
         assert_eq!((skip.reason, skip.std), (SkipReason::Stale, Some(0.5)));
         assert_eq!(skip.detail.as_deref(), Some("policy lag 2 > 1"));
         assert_eq!(classify_group(&group(3, &[0.0, 1.0], None), &PARAMS), None);
+    }
+
+    #[test]
+    fn an_unknown_policy_version_is_stale_unless_accepted() {
+        let params = FilterParams { accept_unknown_policy_version: false, ..PARAMS };
+        let skip = classify_group(&group(1, &[0.0, 1.0], None), &params).unwrap();
+        assert_eq!(skip.reason, SkipReason::Stale);
+        assert!(skip.detail.unwrap().contains("queue.unknown_policy_version"));
+        assert_eq!(classify_group(&group(2, &[0.0, 1.0], Some(5)), &params), None);
     }
 
     #[test]
