@@ -51,7 +51,14 @@ async fn upload(store: &Store, work: &Path, step: i64) -> UploadedCheckpoint {
 /// Commits step `step` of [`MODEL`] with `uploaded` as its checkpoint, the way a worker does.
 async fn commit(db: &TestDb, step: i64, uploaded: &UploadedCheckpoint) {
     insert_groups(&db.pool, MODEL, 1).await;
-    let params = ClaimParams { model: MODEL.into(), worker_id: "w".into(), limit: 1, lease_seconds: 60.0, now: None };
+    let params = ClaimParams {
+        model: MODEL.into(),
+        worker_id: "w".into(),
+        limit: 1,
+        lease_seconds: 60.0,
+        now: None,
+        window: None,
+    };
     let claim = db::claim_groups(&db.pool, &params).await.unwrap();
     let ids: Vec<_> = claim.groups.iter().map(|g| g.id).collect();
     let record = StepRecord {
@@ -78,6 +85,11 @@ async fn commit(db: &TestDb, step: i64, uploaded: &UploadedCheckpoint) {
         devices: json!(["cpu"]),
         checkpoint_uri: Some(uploaded.uri.clone()),
         checkpoint_sha256: Some(uploaded.manifest_sha256.clone()),
+        groups_wanted: None,
+        reward_mean_claimed: None,
+        reward_mean_skipped: None,
+        logprob_coverage: None,
+        importance_ratio_mean: None,
     };
     let checkpoint = CheckpointRecord {
         model: MODEL.into(),

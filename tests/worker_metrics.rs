@@ -40,6 +40,11 @@ fn step(n: i64) -> StepRecord {
         devices: json!(["cpu"]),
         checkpoint_uri: None,
         checkpoint_sha256: None,
+        groups_wanted: None,
+        reward_mean_claimed: None,
+        reward_mean_skipped: None,
+        logprob_coverage: None,
+        importance_ratio_mean: None,
     }
 }
 

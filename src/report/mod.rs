@@ -269,6 +269,11 @@ mod tests {
             devices: json!(["cuda:0"]),
             checkpoint_uri: Some(format!("s3://b/m/checkpoints/{n:06}/")),
             checkpoint_sha256: None,
+            groups_wanted: None,
+            reward_mean_claimed: None,
+            reward_mean_skipped: None,
+            logprob_coverage: None,
+            importance_ratio_mean: None,
         }
     }
 

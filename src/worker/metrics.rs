@@ -255,6 +255,11 @@ mod tests {
             devices: json!(["cpu"]),
             checkpoint_uri: None,
             checkpoint_sha256: None,
+            groups_wanted: None,
+            reward_mean_claimed: None,
+            reward_mean_skipped: None,
+            logprob_coverage: None,
+            importance_ratio_mean: None,
         };
         metrics.observe_step(&record);
         metrics.refresh_gpu_memory();

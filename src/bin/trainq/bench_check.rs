@@ -79,7 +79,11 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
     // The packed rows through the dense document mask (K/V repeated) instead of per segment.
     gpu.set_packed_attention(PackedAttention::DenseMask);
     let (lp_mask, loss_mask, grad_mask) = measure(&mut gpu, &batch, false)?;
+    gpu.set_packed_attention(PackedAttention::SegmentLoop);
+    let (lp_loop, _, grad_loop) = measure(&mut gpu, &batch, false)?;
     gpu.set_packed_attention(PackedAttention::Segments);
+    let loop_vs_mask = (&lp_loop - &lp_mask).abs().sum(Kind::Double).double_value(&[]) / trained_tokens(&batch);
+    let cos_loop_mask = cosine(&grad_loop, &grad_mask);
     let seg_vs_mask = (&lp_gpu - &lp_mask).abs().sum(Kind::Double).double_value(&[]) / trained_tokens(&batch);
     let cos_seg_mask = cosine(&grad_gpu, &grad_mask);
     let diff = (&lp_gpu - &lp_cpu).abs();
@@ -97,6 +101,7 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
         "adamw_fused_ran_on_cuda": !device.is_cuda() || (fused_f32 && fused_bf16),
         "packed_segments_vs_mask": seg_vs_mask <= LOGPROB_MEAN_TOLERANCE && cos_seg_mask >= GRAD_COSINE_MIN
             && (loss_mask - loss_gpu).abs() <= LOSS_ABS_TOLERANCE,
+        "packed_segment_loop_vs_mask": loop_vs_mask <= LOGPROB_MEAN_TOLERANCE && cos_loop_mask >= GRAD_COSINE_MIN,
     });
     let ok = checks.as_object().is_some_and(|m| m.values().all(|v| v == &json!(true)));
     println!(
@@ -110,6 +115,7 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
             "grad_norm_f32_cpu": norm(&grad_cpu), "grad_norm_bf16_cuda": norm(&grad_gpu),
             "adamw_fused_ran": fused_f32 && fused_bf16, "adamw_fused_vs_ops_f32": adamw_f32, "adamw_fused_vs_ops_bf16": adamw_bf16,
             "packed_segments_vs_mask": {"logprob_mean_abs_diff": seg_vs_mask, "grad_cosine": cos_seg_mask, "loss_mask": loss_mask},
+            "packed_segment_loop_vs_mask": {"logprob_mean_abs_diff": loop_vs_mask, "grad_cosine": cos_loop_mask},
             "tolerances": {"logprob_mean": LOGPROB_MEAN_TOLERANCE, "loss_abs": LOSS_ABS_TOLERANCE, "grad_cosine_min": GRAD_COSINE_MIN},
         })
     );

@@ -5,6 +5,7 @@
 //! docs/model.md.
 
 mod activation_checkpointing;
+mod flash_varlen;
 pub mod hf_config;
 mod layers;
 pub mod logprobs;

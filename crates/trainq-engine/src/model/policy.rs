@@ -172,7 +172,7 @@ impl Policy {
             self.saved.lock().unwrap_or_else(|e| e.into_inner()).take();
         }
         let run = || -> TchResult<Tensor> {
-            let layout = DocumentLayout::of(position_ids, segments, self.packed_attention)?;
+            let layout = DocumentLayout::of(position_ids, segments, self.packed_attention, self.kind)?;
             let hidden = if self.checkpointing && grad_mode_enabled() {
                 let (hidden, saved) = self.lm.hidden_states_checkpointed(input_ids, position_ids, layout)?;
                 *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((saved, self.lora_enabled()));
@@ -196,7 +196,7 @@ impl Policy {
     pub fn logits(&self, input_ids: &Tensor, position_ids: &Tensor) -> Result<Tensor> {
         self.check_batch(input_ids, position_ids, None)?;
         let run = || {
-            let layout = DocumentLayout::of(position_ids, None, self.packed_attention)?;
+            let layout = DocumentLayout::of(position_ids, None, self.packed_attention, self.kind)?;
             self.lm.hidden_states(input_ids, position_ids, &layout)?.f_linear::<Tensor>(&self.lm.lm_head, None)
         };
         run().map_err(Error::torch("logits"))

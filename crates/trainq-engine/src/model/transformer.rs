@@ -3,6 +3,7 @@
 
 use tch::{nn, Kind, Tensor};
 
+use super::flash_varlen::{flash_varlen, CuSeqlens};
 use super::hf_config::{Architecture, HfConfig};
 use super::layers::{Init, Linear, LoraSpec, RmsNorm, RopeTables, RotaryEmbedding, TchResult};
 
@@ -59,8 +60,17 @@ impl Attention {
         let mask = match layout {
             DocumentLayout::Causal => None,
             DocumentLayout::Mask(mask) => Some(mask),
-            DocumentLayout::Segments(lengths) => {
-                let y = segment_attention(&q, &k, &v, lengths, gqa)?;
+            DocumentLayout::Segments { lengths, flash } => {
+                let y = match flash {
+                    // (B, L, n, D) -> (B·L, n, D): one varlen kernel over every document
+                    Some(cu) => flash_varlen(
+                        &q.f_reshape([b * l, self.num_heads, self.head_dim])?,
+                        &k.f_reshape([b * l, self.num_kv_heads, self.head_dim])?,
+                        &v.f_reshape([b * l, self.num_kv_heads, self.head_dim])?,
+                        cu,
+                    )?,
+                    None => segment_attention(&q, &k, &v, lengths, gqa)?,
+                };
                 return self.o_proj.forward(&y.f_reshape([b, l, self.num_heads * self.head_dim])?);
             }
         };
@@ -199,8 +209,15 @@ pub(crate) enum DocumentLayout {
     /// Every row holds one document: plain causal attention on the fastest kernels.
     Causal,
     /// Rows hold several documents: causal attention per segment, with no L×L mask and with
-    /// GQA kept native. `lengths` are the segments in row-major order (they sum to B·L).
-    Segments(Vec<i64>),
+    /// GQA kept native. `lengths` are the segments in row-major order (they sum to B·L); with
+    /// `flash` (CUDA, bf16) one variable-length flash kernel covers them all, else one call of
+    /// the causal kernel per segment.
+    Segments {
+        /// Segment lengths, row by row.
+        lengths: Vec<i64>,
+        /// Their cumulative starts on the device, for the varlen flash kernel.
+        flash: Option<CuSeqlens>,
+    },
     /// The dense (B, 1, L, L) document mask with K/V repeated to every head: the reference
     /// the segment path is tested against, and what `bench check` compares.
     Mask(Tensor),
@@ -209,9 +226,12 @@ pub(crate) enum DocumentLayout {
 /// Which packed-attention path a policy uses for rows that hold several documents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PackedAttention {
-    /// Causal attention per document segment (no mask; native GQA). The default.
+    /// Causal attention per document segment (no mask; native GQA): variable-length flash
+    /// attention on CUDA in bf16, one kernel call per segment elsewhere. The default.
     #[default]
     Segments,
+    /// One kernel call per segment everywhere (the fallback path, for comparisons).
+    SegmentLoop,
     /// The dense (B, 1, L, L) mask (the reference path).
     DenseMask,
 }
@@ -219,7 +239,12 @@ pub enum PackedAttention {
 impl DocumentLayout {
     /// The layout of a batch from its segment lengths read on the host (`None`: read
     /// `position_ids` from the device, a sync).
-    pub(crate) fn of(position_ids: &Tensor, segments: Option<&[i64]>, packed: PackedAttention) -> TchResult<Self> {
+    pub(crate) fn of(
+        position_ids: &Tensor,
+        segments: Option<&[i64]>,
+        packed: PackedAttention,
+        kind: Kind,
+    ) -> TchResult<Self> {
         let (rows, cols) = position_ids.size2()?;
         let owned;
         let lengths = match segments {
@@ -234,7 +259,11 @@ impl DocumentLayout {
             return Ok(DocumentLayout::Causal);
         }
         Ok(match packed {
-            PackedAttention::Segments => DocumentLayout::Segments(lengths.to_vec()),
+            PackedAttention::Segments => DocumentLayout::Segments {
+                lengths: lengths.to_vec(),
+                flash: CuSeqlens::new(lengths, position_ids.device(), kind)?,
+            },
+            PackedAttention::SegmentLoop => DocumentLayout::Segments { lengths: lengths.to_vec(), flash: None },
             PackedAttention::DenseMask => DocumentLayout::Mask(document_mask(position_ids)?),
         })
     }
