@@ -314,7 +314,8 @@ async fn follow_fetches_swaps_and_announces_each_checkpoint_and_rides_out_outage
             unload("m-step-000002"),
         ]
     );
-    assert_eq!(step_dirs(&dir), ["000002", "000003"], "--keep 2");
+    // Pruning follows the swap: wait for it rather than race it.
+    wait_until("--keep 2 leaves 000002 and 000003", || step_dirs(&dir) == ["000002", "000003"]).await;
     let hooks = std::fs::read_to_string(&hook_log).unwrap();
     let expected: Vec<String> = (1..=3).map(|s| format!("m {s} m-step-{s:06} {}", step_path(s).display())).collect();
     assert_eq!(hooks.lines().collect::<Vec<_>>(), expected);
@@ -339,7 +340,7 @@ async fn follow_fetches_swaps_and_announces_each_checkpoint_and_rides_out_outage
         store.object_store().put(&key, PutPayload::from(bytes)).await.unwrap();
     }
     wait_until("current → 000005 after the store came back", || current(&dir).as_deref() == Some("000005")).await;
-    assert_eq!(step_dirs(&dir), ["000004", "000005"]);
+    wait_until("--keep 2 leaves 000004 and 000005", || step_dirs(&dir) == ["000004", "000005"]).await;
     assert!(!follower.stderr().contains("000099"), "{}", follower.stderr());
     assert!(vllm.lock().unwrap().iter().all(|r| !r.body.to_string().contains("99")));
     assert_eq!(vllm.lock().unwrap().last(), Some(&unload("m-step-000004")));

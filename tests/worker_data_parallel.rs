@@ -44,6 +44,8 @@ async fn two_cpu_ranks_train_and_record_what_one_engine_does() {
     // Small micro-batches so each step has several to split between the ranks.
     let mut cfg = tiny_config(3, 30);
     cfg.max_tokens_per_micro_batch = 64;
+    // The groups carry no policy_version (all are submitted up front): train them anyway.
+    cfg.queue.unknown_policy_version = trainq_queue::config::UnknownPolicyVersion::Accept;
     // Identical groups: which ones a claim picks cannot change what a step trains on.
     let varied: &[f64] = &[0.0, 1.0, 0.25, 0.5];
     for model in ["single", "ranks"] {

@@ -143,14 +143,6 @@ impl Engine {
             })
             .await
     }
-
-    /// Runs `work` on rank 0's replica (e.g. scoring with the trained policy).
-    pub async fn with_rank_zero<T: Send + 'static>(
-        &self,
-        work: impl FnOnce(&mut Policy, &mut Trainer) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        self.group.run_on_rank_zero(work).await
-    }
 }
 
 /// Blocks until every rank has loaded (NCCL waits for the whole group).

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::checkpoint::hf::save_full;
+use crate::checkpoint::hf::{copy_tokenizer_files, save_full};
 use crate::checkpoint::peft::{load_adapter, save_adapter};
 use crate::checkpoint::tensor_file::{load_tensors, save_tensors};
 use crate::error::Result;
@@ -15,13 +15,15 @@ use trainq_queue::storage::CheckpointFormat;
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 
 /// Writes the policy's trainable weights and the optimizer state into `dir`; `base` is the base
-/// model's name or path, recorded in the adapter config.
+/// model's directory, recorded in the adapter config; a full fine-tune's checkpoint also gets the
+/// base model's tokenizer files, so that an inference server loads the directory as it is.
 pub fn save(policy: &Policy, trainer: &Trainer, dir: &Path, base: &str) -> Result<CheckpointFormat> {
     let format = if policy.lora_config().is_some() {
         save_adapter(policy, dir, base)?;
         CheckpointFormat::PeftLora
     } else {
         save_full(policy, dir)?;
+        copy_tokenizer_files(Path::new(base), dir)?;
         CheckpointFormat::HfFull
     };
     save_tensors(&dir.join(OPTIMIZER_FILE), &trainer.optimizer().named_state())?;

@@ -313,11 +313,6 @@ impl Policy {
         self.named_variables().into_iter().filter(|(name, _)| is_lora_name(name)).collect()
     }
 
-    /// The underlying var store.
-    pub fn var_store(&self) -> &VarStore {
-        &self.vs
-    }
-
     /// The model's HF config.
     pub fn hf_config(&self) -> &HfConfig {
         &self.cfg

@@ -64,11 +64,6 @@ impl AdamW {
         self.fused && self.groups.iter().all(|(bucket, _, _)| kernel_runs_on(bucket.values.device()))
     }
 
-    /// Changes the learning rate (for schedules).
-    pub fn set_learning_rate(&mut self, learning_rate: f64) {
-        self.cfg.learning_rate = learning_rate;
-    }
-
     /// Applies one update to `params` from their `.grad()`. A parameter without a gradient is
     /// updated as if its gradient were zero (PyTorch would skip it); the list must keep its order.
     /// On the first call the parameters' storage moves into the optimizer's flat buffers.
