@@ -10,6 +10,9 @@
 #   bash ops/gpu.sh packed [ARGS]   # there: packed agent-like documents vs unpacked rows of the same
 #                             # token count (trainq), and the peer padded per trajectory, at
 #                             # 1×16384 and 4×4096 (ARGS go to both, e.g. --shape/--mode)
+#   bash ops/gpu.sh big [ARGS]  # there: Qwen3-32B-shaped LoRA, checkpointed, with and without
+#                             # activation offloading, the longest offloaded rows (SEQS), and the
+#                             # peer with gradient checkpointing at 1×8192 (H200: 65 GiB weights)
 #   bash ops/gpu.sh e2e       # there: the user's path end to end — carried PostgreSQL and S3 server,
 #                             # `trainq migrate`, `model create` on a random Qwen3-0.6B with the real
 #                             # tokenizer, `trainq worker --device cuda --store s3://…` while
@@ -91,6 +94,23 @@ case "${1:-}" in
     done
     tar czf "$OUT/e2e-runs.tgz" -C "$OUT" runs && rm -rf "$runs"
     ;;
+  big)
+    # The seed's model: a Qwen3-32B-shaped LoRA step, checkpointed, with and without activation
+    # offloading, then the longest rows offloading fits (SEQS, default "32768 65536"), and the
+    # peer with gradient checkpointing on the 1×8192 shape. H200 only (65 GiB of bf16 weights).
+    device_env
+    shift
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    big=(./.carry/trainq bench train --shape qwen3-32b --mode lora --micro 1 --warmup 1 --steps "${STEPS:-3}")
+    "${big[@]}" --seq 8192 --ckpt "$@" | tee -a "$OUT/trainq.jsonl" || true
+    "${big[@]}" --skip-peak --seq 8192 --ckpt --offload "$@" | tee -a "$OUT/trainq.jsonl" || true
+    "$gpu_python" .carry/hf_peft_train.py --shape qwen3-32b --mode lora --seq 8192 --micro 1 --ckpt \
+      --steps "${STEPS:-3}" | tee -a "$OUT/peer.jsonl" || true
+    "$gpu_python" ops/bench/compare.py "$OUT/trainq.jsonl" "$OUT/peer.jsonl" | tee "$OUT/table.md"
+    for seq in ${SEQS:-32768 65536}; do
+      "${big[@]}" --skip-peak --seq "$seq" --ckpt --offload "$@" | tee -a "$OUT/trainq.jsonl" || true
+    done
+    ;;
   profile)
     device_env
     shift
@@ -100,7 +120,7 @@ case "${1:-}" in
     "$gpu_python" ops/bench/ncu_summary.py "$OUT/ncu.csv" 30 | tee "$OUT/profile.md"
     ;;
   *)
-    echo "usage: ops/gpu.sh build | bench [ARGS] | check [ARGS] | profile [ARGS] | packed [ARGS] | e2e" >&2
+    echo "usage: ops/gpu.sh build | bench [ARGS] | check [ARGS] | profile [ARGS] | packed [ARGS] | big [ARGS] | e2e" >&2
     exit 2
     ;;
 esac

@@ -132,6 +132,21 @@ fn full_fine_tune_gradients_with_checkpointing_equal_those_without() {
     assert_same_gradients_with_and_without_checkpointing(false);
 }
 
+/// Offloading the saved layer inputs (to host memory and back, a layer ahead) changes where they
+/// live, not what the backward computes: both LoRA and the full fine-tune (whose embedding
+/// gradient needs layer 0's input back too).
+#[test]
+fn gradients_with_offloaded_checkpoints_equal_those_kept_on_the_device() {
+    let batches = packed_batches_checked();
+    for lora in [true, false] {
+        let mut policy = policy(lora);
+        let kept = gradients(&mut policy, &batches, true);
+        policy.set_activation_offloading(true);
+        let offloaded = gradients(&mut policy, &batches, true);
+        assert_same_gradients("offloading", &kept, &offloaded);
+    }
+}
+
 #[test]
 fn a_forward_without_autograd_leaves_nothing_to_finish() {
     let mut policy = policy(true);

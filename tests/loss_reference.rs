@@ -54,6 +54,9 @@ impl PolicyModel for LinearPolicy {
     fn set_lora_enabled(&mut self, enabled: bool) {
         self.lora_enabled = enabled;
     }
+    fn set_logit_temperature(&mut self, temperature: f64) {
+        assert_eq!(temperature, 1.0, "the reference scripts sample at temperature 1");
+    }
 }
 
 /// Uniform in [−scale, scale], from a seeded generator (tch's global RNG is shared by the

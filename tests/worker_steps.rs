@@ -312,6 +312,70 @@ async fn groups_without_sampler_logprobs_are_refused_by_default_and_coverage_is_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_trajectories_are_cut_or_masked_and_zero_advantage_ones_dropped_when_configured() {
+    use trainq_queue::config::TooLongPolicy;
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    // Rewards 0, 1, 0.5: mean 0.5, so the third trajectory has zero advantage. The second has
+    // 2 + 80 tokens, over tiny_config's max_seq_len of 64.
+    let pre_tokenized = |completion: usize, reward: f64| {
+        let ids: Vec<i64> = (0..completion).map(|i| 5 + (i % 4) as i64).collect();
+        serde_json::json!({"prompt_ids": [5, 6], "completion_ids": ids, "logprobs": vec![-1.0; completion],
+                           "reward": reward})
+    };
+    let trajectories =
+        serde_json::Value::Array(vec![pre_tokenized(3, 0.0), pre_tokenized(80, 1.0), pre_tokenized(3, 0.5)]);
+    // (name, too_long, drop zero advantage) -> (trajectories, trained tokens, truncated, masked, dropped)
+    let cases = [
+        ("cut", TooLongPolicy::Truncate, false, (3, 3 + 62 + 3, 1, 0, 0)),
+        ("mask", TooLongPolicy::Mask, false, (2, 3 + 3, 0, 1, 0)),
+        ("drop", TooLongPolicy::Truncate, true, (2, 3 + 62, 1, 0, 1)),
+        ("skip", TooLongPolicy::SkipGroup, false, (0, 0, 0, 0, 0)),
+    ];
+    for (name, too_long, drop_zero, expected) in cases {
+        let mut cfg = tiny_config(1, 30);
+        cfg.too_long = too_long;
+        cfg.advantages.drop_zero_advantage_trajectories = drop_zero;
+        cfg.queue.max_batch_wait_seconds = 0.0;
+        register(&db.pool, name, &model_dir, cfg).await;
+        let group = trainq_queue::db::NewGroup {
+            model: name.into(),
+            trajectories: trajectories.clone(),
+            policy_version: Some(0),
+            metadata: serde_json::json!({}),
+        };
+        let id = trainq_queue::db::groups::submit_groups(&db.pool, &[group]).await.unwrap()[0];
+        let store_url = format!("file://{}", work.path().join("store").display());
+        let mut opts = options(name, &store_url, Default::default(), &work.path().join(name));
+        opts.max_steps = Some(1);
+        if too_long == TooLongPolicy::SkipGroup {
+            // Nothing trains, so no step ends the run: it stops once the queue stays empty.
+            opts.stop_when_idle_for = Some(Duration::from_secs(1));
+        }
+        run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
+
+        let status = trainq_queue::db::group_status(&db.pool, id).await.unwrap().unwrap();
+        if too_long == TooLongPolicy::SkipGroup {
+            assert_eq!((status.state.as_str(), status.skip_reason.as_deref()), ("skipped", Some("too_long")));
+            assert_eq!(step_rows(&db.pool, name).await, 0);
+            continue;
+        }
+        assert_eq!(status.state, "trained", "{name}");
+        let step = &list_steps(&db.pool, name, 1).await.unwrap()[0];
+        let parts = &step.loss_parts;
+        let got = (
+            step.trajectories as usize,
+            step.tokens as usize,
+            parts["trajectories_truncated"].as_u64().unwrap() as usize,
+            parts["trajectories_masked"].as_u64().unwrap() as usize,
+            parts["trajectories_zero_advantage_dropped"].as_u64().unwrap() as usize,
+        );
+        assert_eq!(got, expected, "{name}: {step:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_refuses_to_start_when_retention_would_delete_checkpoints_producers_sample_from() {
     let db = TestDb::new().await;
     let work = tempfile::tempdir().unwrap();

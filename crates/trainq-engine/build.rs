@@ -1,25 +1,23 @@
-//! Compiles the one C++ file of the engine (csrc/flash_varlen.cpp: variable-length flash
-//! attention, which tch does not bind) against the libtorch that tch links. Without `LIBTORCH`
-//! (e.g. a docs build) the shim is left out and packed attention runs per segment.
+//! Compiles the engine's C++ shim against the libtorch that tch links: csrc/offload.cpp
+//! (activation offloading on a side stream, through c10's device-generic stream and event
+//! interfaces) and csrc/flash_varlen.cpp (variable-length flash attention, which tch does not
+//! bind). Without `LIBTORCH` (e.g. a docs build) the shim is left out: packed attention runs
+//! per segment and offloading copies synchronously.
 
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-changed=csrc/flash_varlen.cpp");
+    println!("cargo:rerun-if-changed=csrc/offload.cpp");
     println!("cargo:rustc-check-cfg=cfg(trainq_flash_varlen)");
+    println!("cargo:rustc-check-cfg=cfg(trainq_offload)");
     let Some(libtorch) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         return;
     };
     let include = libtorch.join("include");
-    if !include.join("ATen/ops/_flash_attention_forward.h").is_file() {
-        println!(
-            "cargo:warning=libtorch at {} has no _flash_attention_forward header: packed attention runs per segment",
-            libtorch.display()
-        );
-        return;
-    }
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    build
         .cpp(true)
         .std("c++17")
         .define("_GLIBCXX_USE_CXX11_ABI", "1")
@@ -27,7 +25,19 @@ fn main() {
         .include(include.join("torch/csrc/api/include"))
         .flag_if_supported("-Wno-unused-parameter")
         .warnings(false)
-        .file("csrc/flash_varlen.cpp")
-        .compile("trainq_flash_varlen");
-    println!("cargo:rustc-cfg=trainq_flash_varlen");
+        .file("csrc/offload.cpp");
+    let flash = include.join("ATen/ops/_flash_attention_forward.h").is_file();
+    if flash {
+        build.file("csrc/flash_varlen.cpp");
+    } else {
+        println!(
+            "cargo:warning=libtorch at {} has no _flash_attention_forward header: packed attention runs per segment",
+            libtorch.display()
+        );
+    }
+    build.compile("trainq_shim");
+    println!("cargo:rustc-cfg=trainq_offload");
+    if flash {
+        println!("cargo:rustc-cfg=trainq_flash_varlen");
+    }
 }

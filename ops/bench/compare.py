@@ -13,7 +13,10 @@ def load(path):
             continue
         r = json.loads(line)
         if "shape" in r:
-            rows[(r["shape"], r["mode"], r.get("micro"), bool(r.get("ckpt")), bool(r.get("packed")), r.get("seq"))] = r
+            key = (r["shape"], r["mode"], r.get("micro"), bool(r.get("ckpt")), bool(r.get("packed")), r.get("seq"))
+            # Offloaded rows have no peer counterpart; they stay in the raw JSON.
+            if not r.get("offload"):
+                rows[key] = r
     return rows
 
 

@@ -12,7 +12,9 @@ the same documents `trainq bench train --packed --docs-out FILE` trained on, run
 transformers user runs variable-length trajectories — each trajectory its own row, padded to the
 longest in its micro-batch (attention_mask 0 and label -100 on padding), micro-batches of at most
 seq × micro padded tokens taken in order, one optimizer step over all of them. tokens/s counts
-real (non-pad) tokens.
+real (non-pad) tokens. It also adds the `qwen3-32b` shape (the seed's model), built directly in
+bf16 (an f32 32B model would not fit before the cast); other shapes are built as in the shared
+script.
 
 Prints one JSON line per configuration: tokens/s, step time, peak memory, model TFLOP/s and the
 fraction of a measured bf16 matmul peak (MFU). FLOPs per token: forward 2N + causal attention;
@@ -27,6 +29,7 @@ SHAPES = {
     "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, tie_word_embeddings=True),
     "qwen3-4b": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=True),
     "qwen3-8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen3-32b": dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
 }
 STANDARD = [  # shape, mode, seq, micro, checkpointing
     ("qwen3-0.6b", "lora", 4096, 4, False),
@@ -76,8 +79,14 @@ def run(shape, mode, seq, micro, ckpt, steps=5, peak=None, docs=None):
     cfg = Qwen3Config(vocab_size=151936, head_dim=128, max_position_embeddings=40960, rope_theta=1e6, **SHAPES[shape])
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
+    if shape == "qwen3-32b":
+        torch.set_default_dtype(torch.bfloat16)
+        with torch.device("cuda"):
+            model = Qwen3ForCausalLM(cfg)
+        torch.set_default_dtype(torch.float32)
+    else:
+        with torch.device("cuda"):
+            model = Qwen3ForCausalLM(cfg).to(torch.bfloat16)
     n_params = sum(p.numel() for p in model.parameters())
     if mode == "lora":
         from peft import LoraConfig, get_peft_model

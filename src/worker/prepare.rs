@@ -1,13 +1,14 @@
 //! From claimed groups to micro-batches: filter (with a reason per skipped group), tokenize
-//! (too long or unusable groups are skipped too), compute advantages and pack.
+//! (too long or unusable groups are skipped too, or their long trajectories cut or masked),
+//! compute advantages (optionally leaving zero-advantage trajectories out) and pack.
 
 use crate::error::Result;
 use trainq_engine::tokenize::{
     pack, ChatTokenizer, MicroBatch, PackItem, TokenizeError, TokenizedTrajectory, Trajectory,
 };
-use trainq_queue::config::{TrainConfig, UnknownPolicyVersion};
+use trainq_queue::config::{TooLongPolicy, TrainConfig, UnknownPolicyVersion};
 use trainq_queue::db::claims::ClaimedGroup;
-use trainq_queue::rl::{advantages, filter_groups, population_std, FilterParams, FilterReport, SkipReason};
+use trainq_queue::rl::{advantages, filter_groups, mean, population_std, FilterParams, FilterReport, SkipReason};
 
 /// A step's training input and what the step record says about it.
 #[derive(Debug)]
@@ -24,7 +25,23 @@ pub(crate) struct PreparedStep {
     pub tokens: usize,
     /// Trained tokens that carry the sampler's log-prob (the rest train with ratio 1).
     pub logprob_tokens: usize,
+    /// Trajectories of kept groups that were cut or left out of the loss, and why.
+    pub left_out: LeftOut,
 }
+
+/// Trajectories of kept groups that did not train whole.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct LeftOut {
+    /// Cut to `max_seq_len` tokens (`too_long = "truncate"`).
+    pub truncated: usize,
+    /// Longer than `max_seq_len` and left out of the loss (`too_long = "mask"`).
+    pub masked: usize,
+    /// Zero advantage in a group with variance (`advantages.drop_zero_advantage_trajectories`).
+    pub zero_advantage: usize,
+}
+
+/// A kept group's tokenized trajectories, in order; `None` where one is left out of the loss.
+type Tokenized = Vec<Option<TokenizedTrajectory>>;
 
 /// Filters, tokenizes and packs `groups` for a step that starts from `current_step`.
 pub(crate) fn prepare_step(
@@ -41,30 +58,40 @@ pub(crate) fn prepare_step(
     };
     let rewards: Vec<_> = groups.iter().map(ClaimedGroup::to_group_rewards).collect();
     let mut report = filter_groups(&rewards, &params);
+    let mut left_out = LeftOut::default();
 
-    let mut kept: Vec<(&ClaimedGroup, Vec<f64>, Vec<TokenizedTrajectory>)> = Vec::new();
+    let mut kept: Vec<(&ClaimedGroup, Vec<f64>, Tokenized)> = Vec::new();
     let kept_before = report.kept.clone();
     for group in groups.iter().filter(|g| kept_before.contains(&g.id)) {
         let group_rewards = group.rewards();
-        let tokenized = tokenize_group(group, tokenizer, cfg.max_seq_len)
+        let tokenized = tokenize_group(group, tokenizer, cfg.max_seq_len, cfg.too_long)
             .and_then(|t| require_logprobs(t, cfg.loss.allow_training_without_logprobs));
         match tokenized {
-            Ok(tokenized) => kept.push((group, group_rewards, tokenized)),
+            Ok((tokenized, cut)) => {
+                left_out.truncated += cut;
+                left_out.masked += tokenized.iter().filter(|t| t.is_none()).count();
+                kept.push((group, group_rewards, tokenized));
+            }
             Err((reason, detail)) => {
                 report.mark_skipped(group.id, reason, Some(population_std(&group_rewards)), Some(detail));
             }
         }
     }
 
-    let advantages_per_group: Vec<Vec<f64>> =
-        kept.iter().map(|(_, r, _)| advantages(r, cfg.advantages.scale_rewards)).collect();
-    let items: Vec<PackItem<'_>> = kept
-        .iter()
-        .zip(&advantages_per_group)
-        .flat_map(|((_, _, trajs), advs)| {
-            trajs.iter().zip(advs).map(|(t, a)| PackItem { trajectory: t, advantage: *a as f32 })
-        })
-        .collect();
+    let tolerance = cfg.advantages.zero_variance_tolerance;
+    let mut items: Vec<PackItem<'_>> = Vec::new();
+    for (_, group_rewards, trajectories) in &kept {
+        let advs = advantages(group_rewards, cfg.advantages.scale_rewards);
+        let group_mean = mean(group_rewards);
+        for ((t, a), r) in trajectories.iter().zip(advs).zip(group_rewards) {
+            let Some(trajectory) = t else { continue };
+            if cfg.advantages.drop_zero_advantage_trajectories && (r - group_mean).abs() <= tolerance {
+                left_out.zero_advantage += 1;
+                continue;
+            }
+            items.push(PackItem { trajectory, advantage: a as f32 });
+        }
+    }
     let batches =
         if items.is_empty() { Vec::new() } else { pack(&items, cfg.max_tokens_per_micro_batch, cfg.max_seq_len)? };
     Ok(PreparedStep {
@@ -74,26 +101,43 @@ pub(crate) fn prepare_step(
         trained: kept.iter().map(|(g, r, _)| (r.clone(), g.policy_version)).collect(),
         report,
         batches,
+        left_out,
     })
 }
 
-/// Tokenizes every trajectory of a group; the first failure decides the group's skip reason.
+/// Tokenizes every trajectory of a group and applies `too_long` to the ones over `max_seq_len`;
+/// returns them with the number cut. The first failure decides the group's skip reason.
 fn tokenize_group(
     group: &ClaimedGroup,
     tokenizer: &ChatTokenizer,
     max_seq_len: usize,
-) -> std::result::Result<Vec<TokenizedTrajectory>, (SkipReason, String)> {
+    too_long: TooLongPolicy,
+) -> std::result::Result<(Tokenized, usize), (SkipReason, String)> {
     let items = group.trajectories.as_array().map(Vec::as_slice).unwrap_or_default();
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, value)| {
-            Trajectory::from_json(value).and_then(|t| tokenizer.tokenize(&t, max_seq_len)).map_err(|e| match e {
-                TokenizeError::TooLong { .. } => (SkipReason::TooLong, format!("trajectory {i}: {e}")),
-                TokenizeError::Invalid(_) => (SkipReason::Invalid, format!("trajectory {i}: {e}")),
-            })
-        })
-        .collect()
+    // Only a group-skipping policy needs the tokenizer to refuse long trajectories.
+    let limit = if too_long == TooLongPolicy::SkipGroup { max_seq_len } else { usize::MAX };
+    let mut cut = 0;
+    let mut out = Vec::with_capacity(items.len());
+    for (i, value) in items.iter().enumerate() {
+        let mut t = Trajectory::from_json(value).and_then(|t| tokenizer.tokenize(&t, limit)).map_err(|e| match e {
+            TokenizeError::TooLong { .. } => (SkipReason::TooLong, format!("trajectory {i}: {e}")),
+            TokenizeError::Invalid(_) => (SkipReason::Invalid, format!("trajectory {i}: {e}")),
+        })?;
+        if t.len() <= max_seq_len {
+            out.push(Some(t));
+        } else if too_long == TooLongPolicy::Truncate {
+            t.truncate(max_seq_len);
+            cut += 1;
+            out.push(Some(t));
+        } else {
+            out.push(None);
+        }
+    }
+    if !out.is_empty() && out.iter().all(Option::is_none) {
+        let detail = format!("every trajectory is longer than max_seq_len {max_seq_len} (too_long = \"mask\")");
+        return Err((SkipReason::TooLong, detail));
+    }
+    Ok((out, cut))
 }
 
 /// Trained tokens of `t` that carry the sampler's log-prob.
@@ -105,13 +149,15 @@ fn logprob_tokens(t: &TokenizedTrajectory) -> usize {
 /// at all, unless `loss.allow_training_without_logprobs`: without them the importance ratio is 1
 /// and off-policy samples would be trained as if on-policy.
 fn require_logprobs(
-    tokenized: Vec<TokenizedTrajectory>,
+    (tokenized, cut): (Tokenized, usize),
     allowed: bool,
-) -> std::result::Result<Vec<TokenizedTrajectory>, (SkipReason, String)> {
+) -> std::result::Result<(Tokenized, usize), (SkipReason, String)> {
     if allowed {
-        return Ok(tokenized);
+        return Ok((tokenized, cut));
     }
-    match tokenized.iter().position(|t| t.trained_tokens() > 0 && logprob_tokens(t) == 0) {
+    let lacking =
+        |t: &Option<TokenizedTrajectory>| t.as_ref().is_some_and(|t| t.trained_tokens() > 0 && logprob_tokens(t) == 0);
+    match tokenized.iter().position(lacking) {
         Some(i) => Err((
             SkipReason::Invalid,
             format!(
@@ -119,6 +165,6 @@ fn require_logprobs(
                  loss.allow_training_without_logprobs = true to train it with importance ratio 1)"
             ),
         )),
-        None => Ok(tokenized),
+        None => Ok((tokenized, cut)),
     }
 }

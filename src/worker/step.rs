@@ -338,6 +338,9 @@ fn step_record(
         loss_parts: json!({
             "policy_loss": metrics.policy_loss, "kl": metrics.kl, "clip_fraction": metrics.clip_fraction,
             "mean_ratio": metrics.mean_ratio, "micro_batches": metrics.micro_batches,
+            "trajectories_truncated": prepared.left_out.truncated,
+            "trajectories_masked": prepared.left_out.masked,
+            "trajectories_zero_advantage_dropped": prepared.left_out.zero_advantage,
         }),
         grad_norm: Some(metrics.grad_norm),
         learning_rate: Some(metrics.lr),

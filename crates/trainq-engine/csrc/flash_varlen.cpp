@@ -1,7 +1,8 @@
 // A C entry point to aten::_flash_attention_forward with cumulative sequence lengths (tch 0.24
 // binds no *_forward op). Tensors cross the boundary as at::Tensor*, tch's own representation.
 // Autograd records FlashAttentionBackward0 on the returned output, so gradients flow as for any
-// other op. Errors come back as a malloc'd string for the caller to free.
+// other op. Errors come back as a malloc'd string for the caller to free (trainq_free_message,
+// in offload.cpp).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_flash_attention_forward.h>
 #include <cstdlib>
@@ -27,7 +28,5 @@ char* trainq_flash_varlen_forward(const at::Tensor* q, const at::Tensor* k, cons
     return strdup(e.what());
   }
 }
-
-void trainq_free_message(char* message) { free(message); }
 
 }  // extern "C"

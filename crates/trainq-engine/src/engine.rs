@@ -125,7 +125,7 @@ impl Engine {
         self.group
             .run_on_every_replica(move |_, replica| {
                 let device = replica.policy.device();
-                let loaded = Policy::load(&base_dir, cfg.lora.as_ref(), device).and_then(|mut policy| {
+                let loaded = Policy::load_for_training(&base_dir, &cfg, device).and_then(|mut policy| {
                     let mut trainer = Trainer::new(&cfg, device);
                     if let Some(dir) = &dir {
                         checkpoint_io::load(&mut policy, &mut trainer, dir)?;
@@ -148,7 +148,7 @@ impl Engine {
 /// Blocks until every rank has loaded (NCCL waits for the whole group).
 fn start_group(base_dir: &Path, cfg: &TrainConfig, placement: &Placement) -> Result<RankGroup> {
     let load_on = |device: Device| -> Result<(Policy, Trainer)> {
-        Ok((Policy::load(base_dir, cfg.lora.as_ref(), device)?, Trainer::new(cfg, device)))
+        Ok((Policy::load_for_training(base_dir, cfg, device)?, Trainer::new(cfg, device)))
     };
     match placement {
         Placement::One(device) => {

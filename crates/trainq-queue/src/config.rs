@@ -28,7 +28,9 @@ pub const DEFAULT_MAX_GRAD_NORM: f64 = 1.0;
 pub const DEFAULT_CLIP_EPSILON: f64 = 0.2;
 /// Default KL coefficient (0 disables the KL term and the reference forward pass).
 pub const DEFAULT_KL_COEF: f64 = 0.0;
-/// Default longest trajectory, in tokens; longer ones make their group `too_long`.
+/// Default sampler temperature: log-probs are compared at the temperature the sampler used.
+pub const DEFAULT_SAMPLER_TEMPERATURE: f64 = 1.0;
+/// Default longest trajectory, in tokens; what happens to longer ones is `too_long`'s choice.
 pub const DEFAULT_MAX_SEQ_LEN: usize = 4096;
 /// Default token budget of one packed micro-batch.
 pub const DEFAULT_MAX_TOKENS_PER_MICRO_BATCH: usize = 8192;
@@ -60,10 +62,19 @@ pub struct TrainConfig {
     pub advantages: AdvantageConfig,
     /// Queue and step settings.
     pub queue: QueueConfig,
-    /// Longest trajectory in tokens; longer ones make their group `too_long`, never truncated.
+    /// Longest trajectory in tokens; `too_long` says what happens to longer ones.
     pub max_seq_len: usize,
+    /// What a trajectory longer than `max_seq_len` does: skip its whole group (the default),
+    /// train its first `max_seq_len` tokens, or leave it out of the loss.
+    pub too_long: TooLongPolicy,
     /// Token budget of one packed micro-batch (gradient accumulation runs over micro-batches).
     pub max_tokens_per_micro_batch: usize,
+    /// Recompute each decoder layer in the backward pass instead of keeping its activations:
+    /// memory for long rows and big models, at the cost of a second forward through the layers.
+    pub activation_checkpointing: bool,
+    /// With `activation_checkpointing`, keep the saved layer inputs in pinned host memory,
+    /// copied out and back on a side stream that overlaps with compute (CUDA).
+    pub activation_offloading: bool,
     /// Extra chat-template variables, as the sampler passed them to `apply_chat_template`
     /// (e.g. Qwen3's `{"enable_thinking": false}`), so the training render equals the sampler's.
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
@@ -78,10 +89,29 @@ impl Default for TrainConfig {
             advantages: AdvantageConfig::default(),
             queue: QueueConfig::default(),
             max_seq_len: DEFAULT_MAX_SEQ_LEN,
+            too_long: TooLongPolicy::SkipGroup,
             max_tokens_per_micro_batch: DEFAULT_MAX_TOKENS_PER_MICRO_BATCH,
+            activation_checkpointing: false,
+            activation_offloading: false,
             chat_template_kwargs: serde_json::Map::new(),
         }
     }
+}
+
+/// What a trajectory longer than `max_seq_len` does to its step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TooLongPolicy {
+    /// The whole group is skipped `too_long` (its advantages would be computed against a
+    /// trajectory the step cannot train).
+    #[default]
+    SkipGroup,
+    /// The trajectory is cut to its first `max_seq_len` tokens; trained tokens past the cut are
+    /// not trained. Its reward and advantage stay those of the whole rollout.
+    Truncate,
+    /// The trajectory is left out of the loss (masked); its reward still counts in its group's
+    /// mean and std, and the rest of the group trains.
+    Mask,
 }
 
 /// LoRA adapter settings (PEFT's names).
@@ -187,6 +217,9 @@ pub struct LossConfig {
     /// then 1: no off-policy correction). Off by default, as in ART: such a group is skipped
     /// `invalid` with a detail naming this setting.
     pub allow_training_without_logprobs: bool,
+    /// The temperature the sampler drew at: the trainer divides its logits by it, so its
+    /// log-probs (importance ratio, KL) compare with the sampler's like with like.
+    pub sampler_temperature: f64,
 }
 
 impl Default for LossConfig {
@@ -199,6 +232,7 @@ impl Default for LossConfig {
             kl_coef: DEFAULT_KL_COEF,
             normalization: LossNormalization::TokenMean,
             allow_training_without_logprobs: false,
+            sampler_temperature: DEFAULT_SAMPLER_TEMPERATURE,
         }
     }
 }
@@ -211,11 +245,19 @@ pub struct AdvantageConfig {
     pub scale_rewards: bool,
     /// A group whose population reward std is below this is skipped as `zero_variance`.
     pub zero_variance_tolerance: f64,
+    /// Leave out of the loss the trajectories of a group with variance whose own advantage is
+    /// zero (reward within `zero_variance_tolerance` of the group mean): they add tokens to the
+    /// token-mean normalization but no signal. Off by default (ART keeps them).
+    pub drop_zero_advantage_trajectories: bool,
 }
 
 impl Default for AdvantageConfig {
     fn default() -> Self {
-        Self { scale_rewards: true, zero_variance_tolerance: DEFAULT_ZERO_VARIANCE_TOLERANCE }
+        Self {
+            scale_rewards: true,
+            zero_variance_tolerance: DEFAULT_ZERO_VARIANCE_TOLERANCE,
+            drop_zero_advantage_trajectories: false,
+        }
     }
 }
 
@@ -324,6 +366,11 @@ impl TrainConfig {
         check(l.epsilon_high.is_none_or(|e| e > 0.0 && e.is_finite()), "loss.epsilon_high", "must be positive")?;
         check(l.kl_coef >= 0.0, "loss.kl_coef", "must not be negative")?;
         check(
+            l.sampler_temperature > 0.0 && l.sampler_temperature.is_finite(),
+            "loss.sampler_temperature",
+            "must be a positive number (the temperature the sampler drew at; 1 when it did not scale logits)",
+        )?;
+        check(
             l.kl_coef == 0.0 || self.lora.is_some(),
             "loss.kl_coef",
             "a KL term needs a reference model, and a full fine-tune (lora: null) keeps none: the \
@@ -345,6 +392,11 @@ impl TrainConfig {
             "must be a finite number of seconds, 0 or more",
         )?;
         check(self.max_seq_len > 1, "max_seq_len", "must be at least 2")?;
+        check(
+            !self.activation_offloading || self.activation_checkpointing,
+            "activation_offloading",
+            "offloads the layer inputs that activation checkpointing keeps: set activation_checkpointing too",
+        )?;
         check(
             self.max_tokens_per_micro_batch >= self.max_seq_len,
             "max_tokens_per_micro_batch",
@@ -413,6 +465,26 @@ mod tests {
         assert_eq!(TrainConfig::default().queue.unknown_policy_version, UnknownPolicyVersion::Stale);
         let cfg = TrainConfig::from_json(&serde_json::json!({"queue": {"unknown_policy_version": "refuse"}})).unwrap();
         assert_eq!(cfg.queue.unknown_policy_version, UnknownPolicyVersion::Refuse);
+    }
+
+    #[test]
+    fn loss_knobs_take_their_documented_defaults_and_refuse_nonsense() {
+        let cfg = TrainConfig::default();
+        assert_eq!(
+            (cfg.too_long, cfg.advantages.drop_zero_advantage_trajectories, cfg.loss.sampler_temperature),
+            (TooLongPolicy::SkipGroup, false, 1.0)
+        );
+        let set = serde_json::json!({"too_long": "truncate", "loss": {"sampler_temperature": 0.7},
+            "advantages": {"drop_zero_advantage_trajectories": true}});
+        let cfg = TrainConfig::from_json(&set).unwrap();
+        assert_eq!((cfg.too_long, cfg.loss.sampler_temperature), (TooLongPolicy::Truncate, 0.7));
+        let err = TrainConfig::from_json(&serde_json::json!({"loss": {"sampler_temperature": 0.0}})).unwrap_err();
+        assert!(err.to_string().contains("loss.sampler_temperature"), "{err}");
+        assert!(TrainConfig::from_json(&serde_json::json!({"too_long": "cut"})).is_err());
+        let err = TrainConfig::from_json(&serde_json::json!({"activation_offloading": true})).unwrap_err();
+        assert!(err.to_string().contains("activation_checkpointing"), "{err}");
+        let both = serde_json::json!({"activation_offloading": true, "activation_checkpointing": true});
+        assert!(TrainConfig::from_json(&both).is_ok());
     }
 
     #[test]

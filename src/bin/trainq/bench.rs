@@ -29,7 +29,7 @@ pub(crate) enum BenchCommand {
 #[derive(Args, Debug)]
 pub(crate) struct TrainBenchArgs {
     /// Model shape (same dims as the peer baseline).
-    #[arg(long, default_value = "qwen3-0.6b", value_parser = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"])]
+    #[arg(long, default_value = "qwen3-0.6b", value_parser = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-32b"])]
     shape: String,
     /// LoRA (rank 8, alpha 16, all linear layers) or full fine-tune.
     #[arg(long, default_value = "lora", value_parser = ["lora", "full"])]
@@ -43,6 +43,10 @@ pub(crate) struct TrainBenchArgs {
     /// Activation checkpointing (recompute each decoder layer in backward).
     #[arg(long)]
     ckpt: bool,
+    /// Activation offloading: with --ckpt, the saved layer inputs go to pinned host memory on a
+    /// side stream and come back a layer ahead of the backward walk.
+    #[arg(long, requires = "ckpt")]
+    offload: bool,
     /// Timed steps (after the warm-up steps).
     #[arg(long, default_value_t = 5)]
     steps: usize,
@@ -86,6 +90,13 @@ struct Workload {
     docs: Option<Vec<i64>>,
 }
 
+/// Activation memory settings of a row.
+#[derive(Debug, Clone, Copy)]
+struct Memory {
+    ckpt: bool,
+    offload: bool,
+}
+
 /// The peer's standard table: shape, mode, seq, micro, checkpointing.
 const STANDARD: [(&str, &str, i64, i64, bool); 4] = [
     ("qwen3-0.6b", "lora", 4096, 4, false),
@@ -101,6 +112,7 @@ fn shape_dims(shape: &str) -> Result<(i64, i64, i64, i64, i64, bool)> {
         "qwen3-1.7b" => (2048, 6144, 28, 16, 8, true),
         "qwen3-4b" => (2560, 9728, 36, 32, 8, true),
         "qwen3-8b" => (4096, 12288, 36, 32, 8, false),
+        "qwen3-32b" => (5120, 25600, 64, 64, 8, false),
         other => bail!("unknown shape {other}"),
     })
 }
@@ -142,9 +154,11 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
             dumped.push(super::bench_docs::docs_json(docs, seq, micro, bounds));
         }
         let work = Workload { seq, micro, docs };
-        let result = bench_one(&shape, &mode, &work, ckpt, (args.warmup, args.steps), device, peak);
-        let line =
-            result.unwrap_or_else(|e| json!({"shape": shape, "mode": mode, "ckpt": ckpt, "error": format!("{e:#}")}));
+        let memory = Memory { ckpt, offload: ckpt && args.offload };
+        let result = bench_one(&shape, &mode, &work, memory, (args.warmup, args.steps), device, peak);
+        let line = result.unwrap_or_else(
+            |e| json!({"shape": shape, "mode": mode, "seq": seq, "micro": micro, "ckpt": ckpt, "error": format!("{e:#}")}),
+        );
         println!("{line}");
     }
     if let Some(path) = &args.docs_out {
@@ -158,7 +172,7 @@ fn bench_one(
     shape: &str,
     mode: &str,
     work: &Workload,
-    ckpt: bool,
+    Memory { ckpt, offload }: Memory,
     (warmup, steps): (usize, usize),
     device: Device,
     peak: Option<f64>,
@@ -170,6 +184,7 @@ fn bench_one(
     cfg.max_tokens_per_micro_batch = (seq * micro) as usize;
     let mut policy = Policy::from_config(&hf, lora.as_ref(), device, 0).context("build the model")?;
     policy.set_activation_checkpointing(ckpt);
+    policy.set_activation_offloading(offload);
     let n_params: i64 =
         policy.named_variables().iter().filter(|(n, _)| !n.contains("lora_")).map(|(_, t)| t.numel() as i64).sum();
     let mut trainer = Trainer::new(&cfg, device);
@@ -206,7 +221,7 @@ fn bench_one(
     let tflops = fwd * factor * tokens / 1e12;
     let mut res = json!({
         "impl": "trainq", "shape": shape, "mode": mode, "seq": seq, "micro": micro, "ckpt": ckpt,
-        "params_b": (n_params as f64 / 1e7).round() / 100.0, "tokens_per_s": tokens.round(),
+        "offload": offload, "params_b": (n_params as f64 / 1e7).round() / 100.0, "tokens_per_s": tokens.round(),
         "step_s": (dt * 1e4).round() / 1e4, "model_tflops": (tflops * 10.0).round() / 10.0,
         "peak_mem_gib": device_memory_used_gib(device),
     });

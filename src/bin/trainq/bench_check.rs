@@ -1,5 +1,5 @@
 //! `trainq bench check`: the bf16 CUDA path against the f32 CPU path on the same random Qwen3
-//! weights and packed batch (log-probs, loss, gradients), plus activation checkpointing on CUDA
+//! weights and packed batch (log-probs, loss, gradients), plus activation checkpointing (and offloading) on CUDA
 //! against the plain backward, packed attention per document segment against the dense document
 //! mask on CUDA, and the fused CUDA AdamW kernel against the tensor-op AdamW, printed as one JSON
 //! line with pass/fail per check.
@@ -31,7 +31,7 @@ const ADAMW_BF16_TOLERANCE: f64 = 1e-2;
 #[derive(Args, Debug)]
 pub(crate) struct CheckArgs {
     /// Model dims (vocab, hidden, heads…) of this shape.
-    #[arg(long, default_value = "qwen3-0.6b", value_parser = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"])]
+    #[arg(long, default_value = "qwen3-0.6b", value_parser = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-32b"])]
     shape: String,
     /// Decoder layers (fewer than the shape's, so the f32 CPU side stays quick).
     #[arg(long, default_value_t = 4)]
@@ -76,6 +76,11 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
     let (lp_cpu, loss_cpu, grad_cpu) = measure(&mut cpu, &batch, false)?;
     let (lp_gpu, loss_gpu, grad_gpu) = measure(&mut gpu, &batch, false)?;
     let (_, loss_ckpt, grad_ckpt) = measure(&mut gpu, &batch, true)?;
+    // The same checkpointed step with the saved layer inputs offloaded to pinned host memory.
+    gpu.set_activation_offloading(true);
+    let (_, loss_offload, grad_offload) = measure(&mut gpu, &batch, true)?;
+    gpu.set_activation_offloading(false);
+    let cos_offload = cosine(&grad_offload, &grad_ckpt);
     // The packed rows through the dense document mask (K/V repeated) instead of per segment.
     gpu.set_packed_attention(PackedAttention::DenseMask);
     let (lp_mask, loss_mask, grad_mask) = measure(&mut gpu, &batch, false)?;
@@ -97,6 +102,7 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
     let checks = json!({
         "logprobs": lp_mean <= LOGPROB_MEAN_TOLERANCE, "loss": loss_diff <= LOSS_ABS_TOLERANCE,
         "grads_bf16_vs_f32": cos_bf16 >= GRAD_COSINE_MIN, "grads_ckpt_vs_plain": cos_ckpt >= GRAD_COSINE_MIN,
+        "offload_vs_ckpt": cos_offload >= GRAD_COSINE_MIN && (loss_offload - loss_ckpt).abs() <= LOSS_ABS_TOLERANCE,
         "adamw_fused_vs_ops": adamw_f32 <= ADAMW_F32_TOLERANCE && adamw_bf16 <= ADAMW_BF16_TOLERANCE,
         "adamw_fused_ran_on_cuda": !device.is_cuda() || (fused_f32 && fused_bf16),
         "packed_segments_vs_mask": seg_vs_mask <= LOGPROB_MEAN_TOLERANCE && cos_seg_mask >= GRAD_COSINE_MIN
@@ -112,6 +118,7 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
             "logprob_mean_abs_diff": lp_mean, "logprob_max_abs_diff": lp_max,
             "loss_f32_cpu": loss_cpu, "loss_bf16_cuda": loss_gpu, "loss_bf16_cuda_ckpt": loss_ckpt, "loss_abs_diff": loss_diff,
             "grad_cosine_bf16_vs_f32": cos_bf16, "grad_cosine_ckpt_vs_plain": cos_ckpt,
+            "offload_vs_ckpt": {"grad_cosine": cos_offload, "loss_abs_diff": (loss_offload - loss_ckpt).abs()},
             "grad_norm_f32_cpu": norm(&grad_cpu), "grad_norm_bf16_cuda": norm(&grad_gpu),
             "adamw_fused_ran": fused_f32 && fused_bf16, "adamw_fused_vs_ops_f32": adamw_f32, "adamw_fused_vs_ops_bf16": adamw_bf16,
             "packed_segments_vs_mask": {"logprob_mean_abs_diff": seg_vs_mask, "grad_cosine": cos_seg_mask, "loss_mask": loss_mask},

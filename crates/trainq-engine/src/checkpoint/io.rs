@@ -35,7 +35,12 @@ pub fn save(policy: &Policy, trainer: &Trainer, dir: &Path, base: &str) -> Resul
 pub fn load(policy: &mut Policy, trainer: &mut Trainer, dir: &Path) -> Result<()> {
     match policy.lora_config() {
         Some(_) => load_adapter(policy, dir)?,
-        None => *policy = Policy::load(dir, None, policy.device())?,
+        None => {
+            let (checkpointing, offloading) = (policy.activation_checkpointing(), policy.activation_offloading());
+            *policy = Policy::load(dir, None, policy.device())?;
+            policy.set_activation_checkpointing(checkpointing);
+            policy.set_activation_offloading(offloading);
+        }
     }
     let optimizer = dir.join(OPTIMIZER_FILE);
     if optimizer.is_file() {

@@ -10,6 +10,7 @@ pub mod hf_config;
 mod layers;
 pub mod logprobs;
 pub mod loss;
+mod offload;
 pub mod policy;
 mod transformer;
 pub mod weights;

@@ -15,7 +15,7 @@ use super::logprobs::{chunked_logprobs, PendingLmHeadGrad};
 use super::transformer::{segment_lengths, CausalLm, DocumentLayout, PackedAttention};
 use super::weights::{fill_variables, weight_files};
 use crate::error::{Error, Result};
-use trainq_queue::config::LoraConfig;
+use trainq_queue::config::{LoraConfig, TrainConfig};
 
 /// A causal language model ready to score and train: bf16 on CUDA, f32 on CPU.
 ///
@@ -30,7 +30,11 @@ pub struct Policy {
     lora_enabled: Arc<AtomicBool>,
     kind: Kind,
     checkpointing: bool,
+    /// With checkpointing, the saved layer inputs live in pinned host memory.
+    offloading: bool,
     packed_attention: PackedAttention,
+    /// Logits are divided by this before the softmax (the sampler's temperature; 1 = none).
+    temperature: f64,
     /// The last checkpointed forward's activations and whether LoRA was on, until
     /// [`Policy::finish_backward`].
     saved: Mutex<Option<(SavedActivations, bool)>>,
@@ -82,6 +86,20 @@ impl Policy {
         Self::load_as(dir, lora, device, default_kind(device))
     }
 
+    /// [`Policy::load`] with `cfg`'s LoRA and memory settings (activation checkpointing and
+    /// offloading): the policy a worker trains.
+    pub fn load_for_training(dir: &Path, cfg: &TrainConfig, device: Device) -> Result<Policy> {
+        let mut policy = Self::load(dir, cfg.lora.as_ref(), device)?;
+        policy.set_activation_checkpointing(cfg.activation_checkpointing);
+        policy.set_activation_offloading(cfg.activation_offloading);
+        Ok(policy)
+    }
+
+    /// Whether activation offloading is on.
+    pub fn activation_offloading(&self) -> bool {
+        self.offloading
+    }
+
     /// [`Policy::load`] with an explicit dtype (e.g. f32 on CUDA for parity checks).
     pub fn load_as(dir: &Path, lora: Option<&LoraConfig>, device: Device, kind: Kind) -> Result<Policy> {
         let cfg = HfConfig::from_dir(dir)?;
@@ -128,7 +146,9 @@ impl Policy {
             lora_enabled,
             kind,
             checkpointing: false,
+            offloading: false,
             packed_attention: PackedAttention::default(),
+            temperature: 1.0,
             saved,
             pending_head,
         })
@@ -174,15 +194,20 @@ impl Policy {
         let run = || -> TchResult<Tensor> {
             let layout = DocumentLayout::of(position_ids, segments, self.packed_attention, self.kind)?;
             let hidden = if self.checkpointing && grad_mode_enabled() {
-                let (hidden, saved) = self.lm.hidden_states_checkpointed(input_ids, position_ids, layout)?;
+                let (hidden, saved) =
+                    self.lm.hidden_states_checkpointed(input_ids, position_ids, layout, self.offloading)?;
                 *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((saved, self.lora_enabled()));
                 hidden
             } else {
                 self.lm.hidden_states(input_ids, position_ids, &layout)?
             };
             let (b, l, h) = hidden.size3()?;
-            // (B, L, H) -> (B*L, H)
-            let flat = hidden.f_reshape([b * l, h])?;
+            // (B, L, H) -> (B*L, H); W (h / T) = (W h) / T, so the temperature scales the
+            // hidden states once instead of every vocabulary-wide chunk of logits.
+            let mut flat = hidden.f_reshape([b * l, h])?;
+            if self.temperature != 1.0 {
+                flat = flat.f_mul_scalar(1.0 / self.temperature)?;
+            }
             let (lp, pending) = chunked_logprobs(&flat, &self.lm.lm_head, &targets.f_reshape([b * l])?)?;
             if pending.is_some() {
                 *self.pending_head.lock().unwrap_or_else(|e| e.into_inner()) = pending;
@@ -192,7 +217,14 @@ impl Policy {
         run().map_err(Error::torch("token log-probs"))
     }
 
-    /// Full logits (B, L, vocab) in the model's dtype; for parity tests and small inputs only.
+    /// Sets the temperature log-probs are taken at: logits are divided by it before the softmax,
+    /// as the sampler did when it drew at that temperature.
+    pub fn set_logit_temperature(&mut self, temperature: f64) {
+        self.temperature = temperature;
+    }
+
+    /// Full logits (B, L, vocab) in the model's dtype, before any temperature; for parity tests
+    /// and small inputs only.
     pub fn logits(&self, input_ids: &Tensor, position_ids: &Tensor) -> Result<Tensor> {
         self.check_batch(input_ids, position_ids, None)?;
         let run = || {
@@ -233,6 +265,13 @@ impl Policy {
         if !enabled {
             *self.saved.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
         }
+    }
+
+    /// Turns activation offloading on or off: with checkpointing on, the layer inputs it keeps go
+    /// to pinned host memory during the forward and come back a layer ahead of the backward
+    /// walk, on a side stream (see `model::offload`). No effect without checkpointing.
+    pub fn set_activation_offloading(&mut self, enabled: bool) {
+        self.offloading = enabled;
     }
 
     /// How rows holding several documents attend: per document segment (the default) or through
@@ -371,5 +410,40 @@ mod tests {
         let pos = Tensor::from_slice(&[0i64, 1, 2]).reshape([1, 3]);
         let err = policy.token_logprobs(&ids, &pos, &ids).unwrap_err().to_string();
         assert!(err.contains("[0, 10)"), "{err}");
+    }
+
+    #[test]
+    fn log_probs_at_a_temperature_and_their_gradient_are_those_of_the_scaled_logits() {
+        let lora = LoraConfig { rank: 2, ..LoraConfig::default() };
+        let mut policy = Policy::from_config(&tiny_qwen3_config(32), Some(&lora), Device::Cpu, 3).unwrap();
+        for (name, v) in policy.lora_variables() {
+            if name.contains("lora_B") {
+                let _ = tch::no_grad(|| v.shallow_clone().uniform_(-0.1, 0.1));
+            }
+        }
+        let ids = Tensor::from_slice(&[3i64, 7, 1, 30, 12, 5]).reshape([1, 6]);
+        let pos = Tensor::from_slice(&[0i64, 1, 2, 3, 4, 5]).reshape([1, 6]);
+        let targets = Tensor::from_slice(&[7i64, 1, 30, 12, 5, 9]).reshape([1, 6]);
+        let weights = Tensor::from_slice(&[0.5f32, -1.0, 2.0, 0.25, 1.5, -0.75]).reshape([1, 6]);
+        let temperature = 0.7;
+        let grads = |policy: &Policy, lp: Tensor| {
+            for mut v in policy.trainable_variables() {
+                v.zero_grad();
+            }
+            (lp * &weights).sum(Kind::Float).backward();
+            policy.trainable_variables().iter().map(|v| v.grad().copy()).collect::<Vec<_>>()
+        };
+        let expected_lp = (policy.logits(&ids, &pos).unwrap() / temperature)
+            .log_softmax(-1, Kind::Float)
+            .gather(2, &targets.unsqueeze(-1), false)
+            .squeeze_dim(-1);
+        let expected_grads = grads(&policy, expected_lp.shallow_clone());
+        policy.set_logit_temperature(temperature);
+        let lp = policy.token_logprobs(&ids, &pos, &targets).unwrap();
+        assert!(lp.allclose(&expected_lp, 1e-5, 1e-5, false), "{lp} vs {expected_lp}");
+        for (g, e) in grads(&policy, lp).iter().zip(&expected_grads) {
+            assert!(g.allclose(e, 1e-4, 1e-6, false), "gradient differs at temperature {temperature}");
+        }
+        assert!(expected_grads.iter().any(|g| g.abs().max().double_value(&[]) > 0.0));
     }
 }

@@ -62,6 +62,13 @@ impl TokenizedTrajectory {
         self.trained.iter().filter(|t| **t).count()
     }
 
+    /// Keeps the first `len` tokens (with their train flags and log-probs); a no-op when shorter.
+    pub fn truncate(&mut self, len: usize) {
+        self.ids.truncate(len);
+        self.trained.truncate(len);
+        self.sampler_logprobs.truncate(len);
+    }
+
     /// Appends tokens that share one train flag, with their sampler log-probs (or none).
     pub(crate) fn extend(&mut self, ids: &[i64], trained: bool, logprobs: Option<&[Option<f32>]>) {
         self.ids.extend_from_slice(ids);
@@ -131,6 +138,19 @@ pub(crate) fn parse_logprobs(value: &serde_json::Value) -> Result<Vec<Option<f32
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn truncation_keeps_ids_flags_and_logprobs_aligned() {
+        let mut t = TokenizedTrajectory::default();
+        t.extend(&[1, 2], false, None);
+        t.extend(&[3, 4, 5], true, Some(&[Some(-0.1), Some(-0.2), Some(-0.3)]));
+        t.truncate(4);
+        assert_eq!(t.ids, vec![1, 2, 3, 4]);
+        assert_eq!(t.trained, vec![false, false, true, true]);
+        assert_eq!(t.sampler_logprobs, vec![None, None, Some(-0.1), Some(-0.2)]);
+        t.truncate(10);
+        assert_eq!(t.len(), 4);
+    }
 
     #[test]
     fn logprobs_are_read_from_arrays_and_openai_objects() {

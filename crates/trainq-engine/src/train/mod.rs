@@ -47,6 +47,10 @@ pub trait PolicyModel {
 
     /// Turns the LoRA adapters off (the base model, the KL reference) or back on.
     fn set_lora_enabled(&mut self, enabled: bool);
+
+    /// Sets the temperature log-probs are taken at (logits divided by it before the softmax),
+    /// so they compare with a sampler that drew at that temperature.
+    fn set_logit_temperature(&mut self, temperature: f64);
 }
 
 impl PolicyModel for crate::model::Policy {
@@ -68,5 +72,9 @@ impl PolicyModel for crate::model::Policy {
 
     fn set_lora_enabled(&mut self, enabled: bool) {
         crate::model::Policy::set_lora_enabled(self, enabled)
+    }
+
+    fn set_logit_temperature(&mut self, temperature: f64) {
+        crate::model::Policy::set_logit_temperature(self, temperature)
     }
 }

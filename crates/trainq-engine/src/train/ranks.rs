@@ -76,7 +76,7 @@ impl RankGroup {
             let collective = NcclCollective::new(id, first_rank + local, world_size, ordinal)?;
             // Every rank learns whether any failed to load before the first weight collective,
             // so one rank out of memory fails the start everywhere instead of hanging the rest.
-            let policy = agree_on_success(&collective, Policy::load(&base_dir, cfg.lora.as_ref(), device))?;
+            let policy = agree_on_success(&collective, Policy::load_for_training(&base_dir, &cfg, device))?;
             Ok(RankReplica { policy, trainer: Trainer::new(&cfg, device), collective: Box::new(collective) })
         })
     }

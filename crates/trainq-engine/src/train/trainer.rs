@@ -114,6 +114,7 @@ impl Trainer {
         for mut v in model.trainable_variables() {
             v.zero_grad();
         }
+        model.set_logit_temperature(self.loss.sampler_temperature);
         let mut totals = LossOutput::zeros(self.device);
         for batch in batches {
             if self.cancel.as_ref().is_some_and(CancellationToken::is_cancelled) {
