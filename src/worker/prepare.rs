@@ -61,11 +61,13 @@ pub(crate) fn prepare_step(
     let mut left_out = LeftOut::default();
 
     let mut kept: Vec<(&ClaimedGroup, Vec<f64>, Tokenized)> = Vec::new();
-    let kept_before = report.kept.clone();
-    for group in groups.iter().filter(|g| kept_before.contains(&g.id)) {
+    let to_tokenize: Vec<&ClaimedGroup> = groups.iter().filter(|g| report.kept.contains(&g.id)).collect();
+    let tokenized_groups = map_in_parallel(&to_tokenize, |group| {
+        tokenize_group(group, tokenizer, cfg.max_seq_len, cfg.too_long)
+            .and_then(|t| require_logprobs(t, cfg.loss.allow_training_without_logprobs))
+    });
+    for (group, tokenized) in to_tokenize.into_iter().zip(tokenized_groups) {
         let group_rewards = group.rewards();
-        let tokenized = tokenize_group(group, tokenizer, cfg.max_seq_len, cfg.too_long)
-            .and_then(|t| require_logprobs(t, cfg.loss.allow_training_without_logprobs));
         match tokenized {
             Ok((tokenized, cut)) => {
                 left_out.truncated += cut;
@@ -102,6 +104,22 @@ pub(crate) fn prepare_step(
         report,
         batches,
         left_out,
+    })
+}
+
+/// `f` over `items` on up to one thread per core, results in the items' order: tokenizing a
+/// step's groups is CPU work that would otherwise sit between two training steps.
+fn map_in_parallel<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let chunk = items.len().div_ceil(threads);
+    std::thread::scope(|scope| {
+        let f = &f;
+        let workers: Vec<_> =
+            items.chunks(chunk).map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<R>>())).collect();
+        workers.into_iter().flat_map(|w| w.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))).collect()
     })
 }
 
@@ -166,5 +184,18 @@ fn require_logprobs(
             ),
         )),
         None => Ok((tokenized, cut)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::map_in_parallel;
+
+    #[test]
+    fn parallel_map_keeps_the_items_order_whatever_the_thread_count() {
+        for n in [0, 1, 2, 7, 33] {
+            let items: Vec<usize> = (0..n).collect();
+            assert_eq!(map_in_parallel(&items, |i| i * 10), items.iter().map(|i| i * 10).collect::<Vec<_>>());
+        }
     }
 }
