@@ -17,6 +17,14 @@ pub enum Error {
     /// The worker was asked to stop (SIGTERM, ctrl-C, the embedder's token).
     #[error("the worker is shutting down")]
     Shutdown,
+    /// The step before this one was trained first and committed in the background (async
+    /// weight syncing), and that commit failed: this step trained on weights that are not the
+    /// model's, so its groups go back without counting an attempt.
+    #[error("step {step} was not committed, so the step trained on top of it is given back")]
+    PreviousStepNotCommitted {
+        /// The step whose commit failed.
+        step: trainq_queue::StepNumber,
+    },
     /// Following checkpoints (`trainq follow`): a local file operation, the inference server's
     /// answer or the hook's exit status.
     #[error("{what}: {message}")]

@@ -3,7 +3,7 @@
 //! group lost or stuck, a restarted worker completes the step, each group trained once), and the
 //! S3 server stopped during upload (the upload is retried, the step recorded once and whole), and
 //! a lost commit race (another worker committed the step first: the groups go back to the queue
-//! without counting an attempt).
+//! without counting an attempt), also when the next step already trained on top of the lost one.
 
 mod common;
 mod worker_support;
@@ -172,6 +172,59 @@ async fn a_lost_commit_race_gives_the_groups_back_without_counting_an_attempt() 
     }
     let steps = list_steps(&db.pool, "m", 10).await.unwrap();
     assert_eq!(steps.iter().map(|s| s.step.get()).collect::<Vec<_>>(), vec![2, 1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_trained_while_the_previous_commit_is_lost_goes_back_without_counting_an_attempt() {
+    // With async weight syncing, step 2 trains while step 1 uploads; when step 1's commit is
+    // lost, step 2 trained on weights that are nobody's and must be given back too.
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    let mut cfg = tiny_config(1, 30);
+    cfg.queue.async_weight_syncing = true;
+    cfg.queue.max_staleness = 2;
+    register(&db.pool, "m", &model_dir, cfg).await;
+    let ours = submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.5]], Some(0)).await;
+    let store_url = format!("file://{}", work.path().join("store").display());
+    let resume = work.path().join("resume");
+    let resume_str = resume.to_str().unwrap().to_string();
+    let env = [(FAULT_PAUSE_AT_ENV, "upload"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
+    let (url, args) = (db.url(None), ["--max-steps", "2", "--keep-last", "3"]);
+    let mut worker = WorkerProcess::spawn(&url, "m", &store_url, None, &work.path().join("w"), &env, &args);
+    worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=upload step=1"), START_LIMIT);
+    // Step 1 is held before its upload; the next step claims the second group meanwhile.
+    wait_until("the next step claims while step 1 is held", START_LIMIT, || async {
+        groups(&db.pool, "m").await.iter().all(|g| g.state == "claimed")
+    })
+    .await;
+
+    let theirs = submit(&db.pool, "m", &[&[0.0, 1.0]], Some(0)).await;
+    let params = ClaimParams {
+        model: "m".into(),
+        worker_id: "other".into(),
+        limit: 1,
+        lease_seconds: 60.0,
+        now: None,
+        window: None,
+    };
+    let claim = claim_groups(&db.pool, &params).await.unwrap();
+    assert_eq!(claim.groups.iter().map(|g| g.id).collect::<Vec<_>>(), theirs);
+    commit_step(&db.pool, &other_step(), None, claim.token, &theirs, &[]).await.unwrap();
+
+    std::fs::write(&resume, b"").unwrap();
+    let line = worker.wait_for_line("step abandoned", START_LIMIT);
+    assert!(line.contains("was committed by another worker"), "{line}");
+    let line = worker.wait_for_line("step abandoned", START_LIMIT);
+    assert!(line.contains("step 1 was not committed"), "{line}");
+    assert!(worker.wait_exit(START_LIMIT), "{}", worker.seen.join("\n"));
+    let rows = groups(&db.pool, "m").await;
+    for row in rows.iter().filter(|g| ours.contains(&g.id)) {
+        assert_eq!((row.state.as_str(), row.attempts), ("trained", 0), "{rows:?}");
+    }
+    let steps = list_steps(&db.pool, "m", 10).await.unwrap();
+    let by = steps.iter().map(|s| (s.step.get(), s.worker_id == "other")).collect::<Vec<_>>();
+    assert_eq!(by, vec![(3, false), (2, false), (1, true)]);
 }
 
 /// Step 1 as another worker recorded it (no checkpoint: the race is about the step number).

@@ -22,14 +22,17 @@ pub use step::StepOutcome;
 pub use trainq_engine::engine::Placement;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
-use step::{policy_window, run_step, BatchPlan, StepContext};
+use step::{
+    claim_and_train, give_back_saved, policy_window, upload_and_commit, BatchPlan, Committed, SavedStep, StepContext,
+    Trained,
+};
 use trainq_engine::engine::Engine;
 use trainq_engine::tokenize::ChatTokenizer;
 use trainq_queue::config::TrainConfig;
@@ -79,7 +82,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
         spawn_rescuer(pool.clone(), Duration::from_secs_f64(cfg.queue.lease_seconds as f64 / 4.0), cancel.clone());
     let mut waiter = GroupWaiter::listen(pool, opts.poll_interval).await?;
     let metrics = metrics::start(pool, opts, &cancel).await?;
-    let mut ctx = StepContext {
+    let ctx = StepContext {
         pool,
         opts,
         cfg: &cfg,
@@ -87,67 +90,178 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
         engine: &engine,
         store: &store,
         cancel: &cancel,
-        committed_dir: resume_dir,
+        committed: Mutex::new(Committed { step: engine_step, dir: resume_dir }),
     };
+    // With async weight syncing a step's upload and commit run while the next step assembles
+    // and trains (producers accept lagging weights anyway); on-policy, the next batch can only
+    // be sampled from the committed checkpoint, so steps run one after another.
+    let overlap_commits = cfg.queue.async_weight_syncing;
+    let mut pending: Option<Box<SavedStep>> = None;
     let mut summary = WorkerSummary::default();
     let mut idle_since = Instant::now();
-    while !cancel.is_cancelled() && opts.max_steps.is_none_or(|n| (summary.steps.len() as u64) < n) {
-        heartbeat_worker(pool, &opts.worker_id).await?;
-        let current = get_model(pool, &opts.model).await?.current_step;
-        if current != engine_step {
-            // Another worker committed meanwhile: continue from its checkpoint.
-            let (step, dir) = stage_latest(pool, &store, opts).await?;
-            engine.restore(dir.as_deref()).await?;
-            (engine_step, ctx.committed_dir) = (step, dir);
+    loop {
+        let started = summary.steps.len() + usize::from(pending.is_some());
+        let room = !cancel.is_cancelled() && opts.max_steps.is_none_or(|n| (started as u64) < n);
+        if !room && pending.is_none() {
+            break;
         }
-        let waited = Instant::now();
-        let want = cfg.queue.groups_per_step as i64;
-        let max_wait = Duration::from_secs_f64(cfg.queue.max_batch_wait_seconds);
-        let window = policy_window(&cfg, current.get());
-        let ready = tokio::select! {
-            _ = cancel.cancelled() => break,
-            ready = waiter.wait_for_batch(&opts.model, &window, want, max_wait, opts.poll_interval) => ready?,
+        let previous = pending.take();
+        if let Err(err) = heartbeat_worker(pool, &opts.worker_id).await {
+            if let Some(saved) = previous {
+                give_back_saved(&ctx, *saved).await;
+            }
+            return Err(err.into());
+        }
+        let current = match &previous {
+            // Speculative: the step being committed is what the next one starts from.
+            Some(saved) => saved.step(),
+            None => {
+                let current = get_model(pool, &opts.model).await?.current_step;
+                if current != engine_step {
+                    // Another worker committed meanwhile: continue from its checkpoint.
+                    let (step, dir) = stage_latest(pool, &store, opts).await?;
+                    engine.restore(dir.as_deref()).await?;
+                    ctx.set_committed(step, dir);
+                    engine_step = step;
+                }
+                current
+            }
         };
-        let eligible_limit = match ready {
-            BatchReadiness::Nothing => {
+        let finish = async {
+            match previous {
+                Some(saved) => Some(upload_and_commit(&ctx, *saved).await),
+                None => None,
+            }
+        };
+        let next = async {
+            match room {
+                true => assemble_and_train(&ctx, &mut waiter, current).await,
+                false => Ok(Next::Nothing),
+            }
+        };
+        let (finished, next) = tokio::join!(finish, next);
+
+        // Whether the engine holds weights that will not be committed.
+        let mut restore = false;
+        if let Some(finished) = finished {
+            idle_since = Instant::now();
+            match finished {
+                StepOutcome::Committed(record) => {
+                    engine_step = record.step;
+                    record_commit(&ctx, metrics.as_deref(), &mut summary, record).await;
+                }
+                _abandoned => {
+                    summary.abandoned += 1;
+                    restore = true;
+                }
+            }
+        }
+        match next? {
+            Next::Stop => break,
+            Next::Moved => {}
+            Next::Nothing => {
                 if opts.stop_when_idle_for.is_some_and(|limit| idle_since.elapsed() >= limit) {
                     tracing::info!(model = %opts.model, "idle for {:?}: stopping", idle_since.elapsed());
                     break;
                 }
-                continue;
             }
-            BatchReadiness::StepMoved => continue,
-            BatchReadiness::TooOldOnly { .. } => 0,
-            BatchReadiness::Full { .. } => want,
-            BatchReadiness::Short { eligible, waited_seconds } => {
-                tracing::info!(
-                    model = %opts.model,
-                    "short batch: {eligible} of {want} eligible group(s) after {waited_seconds:.1}s \
-                     (queue.max_batch_wait_seconds = {})",
-                    cfg.queue.max_batch_wait_seconds
-                );
-                want
+            Next::Pass(Trained::Done(StepOutcome::Idle)) => {}
+            Next::Pass(Trained::Done(outcome)) => {
+                idle_since = Instant::now();
+                match outcome {
+                    StepOutcome::AllSkipped { .. } => summary.all_skipped_passes += 1,
+                    _abandoned => {
+                        summary.abandoned += 1;
+                        restore = true;
+                    }
+                }
             }
-        };
-        let plan = BatchPlan { eligible_limit, wait_s: waited.elapsed().as_secs_f64() };
-        match run_step(&mut ctx, current, plan).await? {
-            // Another worker claimed the groups first.
-            StepOutcome::Idle => continue,
-            StepOutcome::AllSkipped { .. } => summary.all_skipped_passes += 1,
-            StepOutcome::Abandoned { .. } => summary.abandoned += 1,
-            StepOutcome::Committed(record) => {
-                engine_step = record.step;
-                log_step(&record);
-                metrics.iter().for_each(|m| m.observe_step(&record));
-                apply_and_record_retention(pool, &store, opts).await;
-                summary.steps.push(*record);
+            Next::Pass(Trained::Saved(saved)) => {
+                idle_since = Instant::now();
+                if restore {
+                    // Trained on top of a step that was not committed.
+                    give_back_saved(&ctx, *saved).await;
+                    summary.abandoned += 1;
+                } else if overlap_commits {
+                    pending = Some(saved);
+                } else {
+                    match upload_and_commit(&ctx, *saved).await {
+                        StepOutcome::Committed(record) => {
+                            engine_step = record.step;
+                            record_commit(&ctx, metrics.as_deref(), &mut summary, record).await;
+                        }
+                        _abandoned => {
+                            summary.abandoned += 1;
+                            restore = true;
+                        }
+                    }
+                }
             }
         }
-        idle_since = Instant::now();
+        if restore {
+            engine_step = ctx.restore_engine().await?;
+        }
     }
     cancel.cancel();
     let _ = rescuer.await;
     Ok(summary)
+}
+
+/// What the loop's next pass came to, before any upload.
+enum Next {
+    /// Shutdown was asked for while waiting.
+    Stop,
+    /// Nothing eligible arrived within the poll interval.
+    Nothing,
+    /// Another worker committed a step: look again.
+    Moved,
+    /// A batch was claimed: how far its step got.
+    Pass(Trained),
+}
+
+/// Assembles a batch for the step after `current` (waiting, woken by LISTEN, until
+/// `groups_per_step` eligible groups are pending or the oldest has waited
+/// `max_batch_wait_seconds`), then claims, trains and saves it.
+async fn assemble_and_train(ctx: &StepContext<'_>, waiter: &mut GroupWaiter, current: StepNumber) -> Result<Next> {
+    let (cfg, opts) = (ctx.cfg, ctx.opts);
+    let waited = Instant::now();
+    let want = cfg.queue.groups_per_step as i64;
+    let max_wait = Duration::from_secs_f64(cfg.queue.max_batch_wait_seconds);
+    let window = policy_window(cfg, current.get());
+    let ready = tokio::select! {
+        _ = ctx.cancel.cancelled() => return Ok(Next::Stop),
+        ready = waiter.wait_for_batch(&opts.model, &window, want, max_wait, opts.poll_interval) => ready?,
+    };
+    let eligible_limit = match ready {
+        BatchReadiness::Nothing => return Ok(Next::Nothing),
+        BatchReadiness::StepMoved => return Ok(Next::Moved),
+        BatchReadiness::TooOldOnly { .. } => 0,
+        BatchReadiness::Full { .. } => want,
+        BatchReadiness::Short { eligible, waited_seconds } => {
+            tracing::info!(
+                model = %opts.model,
+                "short batch: {eligible} of {want} eligible group(s) after {waited_seconds:.1}s \
+                 (queue.max_batch_wait_seconds = {})",
+                cfg.queue.max_batch_wait_seconds
+            );
+            want
+        }
+    };
+    let plan = BatchPlan { eligible_limit, wait_s: waited.elapsed().as_secs_f64() };
+    Ok(Next::Pass(claim_and_train(ctx, current, plan).await?))
+}
+
+/// Logs a committed step, feeds the metrics endpoint and applies retention.
+async fn record_commit(
+    ctx: &StepContext<'_>,
+    metrics: Option<&metrics::WorkerMetrics>,
+    summary: &mut WorkerSummary,
+    record: Box<trainq_queue::db::steps::StepRecord>,
+) {
+    log_step(&record);
+    metrics.iter().for_each(|m| m.observe_step(&record));
+    apply_and_record_retention(ctx.pool, ctx.store, ctx.opts).await;
+    summary.steps.push(*record);
 }
 
 /// With async weight syncing, producers may sample from any of the last `max_staleness + 1`

@@ -3,7 +3,7 @@
 //! groups back (attempts + 1) and puts the engine back on the last committed weights.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
@@ -23,7 +23,7 @@ use trainq_queue::db::claims::{claim_groups, release_groups, unclaim_groups, Cla
 use trainq_queue::db::commit_lock::{lock_commits, CommitLock};
 use trainq_queue::db::skipped_passes::{record_skipped_pass, SkippedPass};
 use trainq_queue::db::steps::{commit_step, CheckpointRecord, StepRecord};
-use trainq_queue::queue::spawn_lease_heartbeat;
+use trainq_queue::queue::{spawn_lease_heartbeat, LeaseHeartbeat};
 use trainq_queue::storage::{upload_checkpoint, Store, UploadOptions, UploadedCheckpoint};
 use trainq_queue::StepNumber;
 
@@ -55,8 +55,43 @@ pub(crate) struct StepContext<'a> {
     pub engine: &'a Engine,
     pub store: &'a Store,
     pub cancel: &'a CancellationToken,
-    /// The last committed checkpoint, staged locally (None: the base weights).
-    pub committed_dir: Option<PathBuf>,
+    /// The last committed step and its checkpoint staged locally (None: the base weights).
+    /// Behind a lock because a step's commit may finish while the next step trains.
+    pub committed: Mutex<Committed>,
+}
+
+/// The last committed step and where its checkpoint lies locally.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Committed {
+    pub step: StepNumber,
+    /// None: the base weights.
+    pub dir: Option<PathBuf>,
+}
+
+impl StepContext<'_> {
+    /// The last committed step and its local checkpoint.
+    pub(super) fn committed(&self) -> Committed {
+        self.committed.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Records a commit (or another worker's commit, staged here); the previous staged
+    /// checkpoint is deleted when it was one of ours.
+    pub(super) fn set_committed(&self, step: StepNumber, dir: Option<PathBuf>) {
+        let previous =
+            std::mem::replace(&mut *self.committed.lock().unwrap_or_else(|p| p.into_inner()), Committed { step, dir });
+        if let Some(previous) = previous.dir {
+            if previous.starts_with(self.opts.work_dir.join("staging")) {
+                let _ = std::fs::remove_dir_all(previous);
+            }
+        }
+    }
+
+    /// Puts the engine back on the committed weights; returns their step.
+    pub(super) async fn restore_engine(&self) -> Result<StepNumber> {
+        let committed = self.committed();
+        self.engine.restore(committed.dir.as_deref()).await?;
+        Ok(committed.step)
+    }
 }
 
 /// The groups a step from checkpoint `current_step` may train (DESIGN §5b); up to a step's
@@ -79,8 +114,32 @@ pub(crate) struct BatchPlan {
     pub wait_s: f64,
 }
 
-/// Claims and runs one step of the model whose current step is `current`.
-pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current: StepNumber, plan: BatchPlan) -> Result<StepOutcome> {
+/// A claimed step, trained and saved locally; its upload and commit are still to come.
+pub(crate) struct SavedStep {
+    run: StepRun,
+    heartbeat: LeaseHeartbeat,
+    prepared: PreparedStep,
+    trained: TrainedStep,
+}
+
+impl SavedStep {
+    /// The step number this step commits as.
+    pub(super) fn step(&self) -> StepNumber {
+        StepNumber(self.trained.step)
+    }
+}
+
+/// How far [`claim_and_train`] got.
+pub(crate) enum Trained {
+    /// The pass ended before a checkpoint was saved (nothing pending, all skipped, abandoned).
+    Done(StepOutcome),
+    /// Saved locally: [`upload_and_commit`] finishes it.
+    Saved(Box<SavedStep>),
+}
+
+/// Claims, prepares, trains and saves one step from checkpoint `current`. A step given up on
+/// the way hands its groups back; the engine is left as it is (the caller restores it).
+pub(crate) async fn claim_and_train(ctx: &StepContext<'_>, current: StepNumber, plan: BatchPlan) -> Result<Trained> {
     let current_step = current.get();
     let started_at = Utc::now();
     let clock = Instant::now();
@@ -97,7 +156,7 @@ pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current: StepNumber, pla
     )
     .await?;
     if claim.groups.is_empty() {
-        return Ok(StepOutcome::Idle);
+        return Ok(Trained::Done(StepOutcome::Idle));
     }
     let lease = ctx.cfg.queue.lease_seconds as f64;
     // Fires on shutdown, or when the heartbeat finds the claim lost: training stops after its
@@ -106,20 +165,28 @@ pub(crate) async fn run_step(ctx: &mut StepContext<'_>, current: StepNumber, pla
     let every = Duration::from_secs_f64(lease / 3.0);
     let heartbeat = spawn_lease_heartbeat(ctx.pool.clone(), claim.token, lease, every, stop.clone());
     let claim_s = clock.elapsed().as_secs_f64();
-    let run = StepRun { claim: &claim, stop: &stop, current_step, started_at, claim_s, wait_s: plan.wait_s };
-    let outcome = match prepare_and_train(ctx, &run).await {
-        Ok(outcome) => outcome,
-        Err(err) => abandon(ctx, &claim, run.explain(ctx, err)).await?,
-    };
-    let _ = heartbeat.stop().await;
-    Ok(outcome)
+    let run = StepRun { claim, stop, current_step, started_at, claim_s, wait_s: plan.wait_s };
+    match prepare_train_save(ctx, &run).await {
+        Ok(Prepared::AllSkipped(groups)) => {
+            let _ = heartbeat.stop().await;
+            Ok(Trained::Done(StepOutcome::AllSkipped { groups }))
+        }
+        Ok(Prepared::Saved(prepared, trained)) => {
+            Ok(Trained::Saved(Box::new(SavedStep { run, heartbeat, prepared: *prepared, trained })))
+        }
+        Err(err) => {
+            let outcome = give_back(ctx, &run.claim, run.explain(ctx, err)).await;
+            let _ = heartbeat.stop().await;
+            Ok(Trained::Done(outcome))
+        }
+    }
 }
 
 /// One claimed step in flight.
-struct StepRun<'c> {
-    claim: &'c Claim,
+struct StepRun {
+    claim: Claim,
     /// Cancelled on shutdown or when the claim is lost.
-    stop: &'c CancellationToken,
+    stop: CancellationToken,
     current_step: i64,
     started_at: chrono::DateTime<Utc>,
     claim_s: f64,
@@ -127,7 +194,7 @@ struct StepRun<'c> {
     wait_s: f64,
 }
 
-impl StepRun<'_> {
+impl StepRun {
     /// Shutdown or a lost claim, when the step was stopped; `Ok` otherwise.
     fn check(&self, ctx: &StepContext<'_>) -> Result<()> {
         match self.stop.is_cancelled() {
@@ -153,8 +220,16 @@ impl StepRun<'_> {
     }
 }
 
-async fn prepare_and_train(ctx: &mut StepContext<'_>, run: &StepRun<'_>) -> Result<StepOutcome> {
-    let (claim, current_step, started_at, claim_s) = (run.claim, run.current_step, run.started_at, run.claim_s);
+/// What [`prepare_train_save`] ended with.
+enum Prepared {
+    /// Every claimed group was skipped (recorded as a skipped pass); the count.
+    AllSkipped(usize),
+    /// Trained and saved locally.
+    Saved(Box<PreparedStep>, TrainedStep),
+}
+
+async fn prepare_train_save(ctx: &StepContext<'_>, run: &StepRun) -> Result<Prepared> {
+    let (claim, current_step, started_at, claim_s) = (&run.claim, run.current_step, run.started_at, run.claim_s);
     let clock = Instant::now();
     let (groups, cfg, tokenizer) = (claim.groups.clone(), ctx.cfg.clone(), ctx.tokenizer.clone());
     let mut prepared = tokio::task::spawn_blocking(move || prepare_step(&groups, &cfg, current_step, &tokenizer))
@@ -170,14 +245,14 @@ async fn prepare_and_train(ctx: &mut StepContext<'_>, run: &StepRun<'_>) -> Resu
             "no step taken: all {} claimed group(s) were skipped; waiting for more",
             claim.groups.len()
         );
-        return Ok(StepOutcome::AllSkipped { groups: claim.groups.len() });
+        return Ok(Prepared::AllSkipped(claim.groups.len()));
     }
     run.check(ctx)?;
 
     super::fault_hook::pause_if_requested("train", current_step + 1).await;
     let clock = Instant::now();
     let real_tokens: usize = prepared.batches.iter().map(MicroBatch::real_tokens).sum();
-    let metrics = ctx.engine.train(std::mem::take(&mut prepared.batches), run.stop).await?;
+    let metrics = ctx.engine.train(std::mem::take(&mut prepared.batches), &run.stop).await?;
     let train_s = clock.elapsed().as_secs_f64();
     run.check(ctx)?;
 
@@ -189,15 +264,10 @@ async fn prepare_and_train(ctx: &mut StepContext<'_>, run: &StepRun<'_>) -> Resu
     let format = ctx.engine.save(&staged).await?;
     let save_s = clock.elapsed().as_secs_f64();
 
-    super::fault_hook::pause_if_requested("upload", step).await;
     let timings =
         json!({"batch_wait": run.wait_s, "claim": claim_s, "prepare": prepare_s, "train": train_s, "save": save_s});
     let trained = TrainedStep { step, started_at, timings, metrics, real_tokens, format, staged };
-    // Held through upload and commit: no other worker of this model writes step `step` meanwhile.
-    let mut lock = lock_commits(ctx.pool, &ctx.opts.model).await?;
-    let outcome = upload_and_commit(ctx, run, &prepared, trained, &mut lock).await;
-    lock.release().await;
-    outcome
+    Ok(Prepared::Saved(Box::new(prepared), trained))
 }
 
 /// A trained step, saved locally and not yet uploaded.
@@ -213,17 +283,39 @@ struct TrainedStep {
     staged: PathBuf,
 }
 
+/// Uploads a saved step's checkpoint and commits the step, fenced on its claim; a failure hands
+/// the groups back (the engine is left as it is: the caller restores it on `Abandoned`).
+pub(crate) async fn upload_and_commit(ctx: &StepContext<'_>, saved: SavedStep) -> StepOutcome {
+    let SavedStep { run, heartbeat, prepared, trained } = saved;
+    super::fault_hook::pause_if_requested("upload", trained.step).await;
+    // Held through upload and commit: no other worker of this model writes step `step` meanwhile.
+    let committed = match lock_commits(ctx.pool, &ctx.opts.model).await {
+        Ok(mut lock) => {
+            let committed = commit_locked(ctx, &run, &prepared, trained, &mut lock).await;
+            lock.release().await;
+            committed
+        }
+        Err(err) => Err(err.into()),
+    };
+    let outcome = match committed {
+        Ok(outcome) => outcome,
+        Err(err) => give_back(ctx, &run.claim, run.explain(ctx, err)).await,
+    };
+    let _ = heartbeat.stop().await;
+    outcome
+}
+
 /// Uploads the staged checkpoint and commits the step, unless another worker committed this
 /// step number first (then the step is given up before touching that checkpoint's objects).
-async fn upload_and_commit(
-    ctx: &mut StepContext<'_>,
-    run: &StepRun<'_>,
+async fn commit_locked(
+    ctx: &StepContext<'_>,
+    run: &StepRun,
     prepared: &PreparedStep,
     trained: TrainedStep,
     lock: &mut CommitLock,
 ) -> Result<StepOutcome> {
     let TrainedStep { step, started_at, mut timings, metrics, real_tokens, format, staged } = trained;
-    let claim = run.claim;
+    let claim = &run.claim;
     let now_at = lock.current_step().await?;
     if now_at != StepNumber(step - 1) {
         let (model, step) = (ctx.opts.model.clone(), StepNumber(step));
@@ -248,12 +340,7 @@ async fn upload_and_commit(
     commit_step(ctx.pool, &record, Some(&checkpoint), claim.token, &prepared.report.kept, &prepared.report.skipped)
         .await?;
     record.timings["commit"] = json!(clock.elapsed().as_secs_f64());
-    // The new checkpoint is what a restore goes back to; the previous staged one is not needed.
-    if let Some(previous) = ctx.committed_dir.replace(staged) {
-        if previous.starts_with(ctx.opts.work_dir.join("staging")) {
-            let _ = std::fs::remove_dir_all(previous);
-        }
-    }
+    ctx.set_committed(StepNumber(step), Some(staged));
     Ok(StepOutcome::Committed(Box::new(record)))
 }
 
@@ -261,7 +348,7 @@ async fn upload_and_commit(
 /// kept alive meanwhile); gives up on shutdown or when the claim is lost, mid-transfer too.
 async fn upload_with_retry(
     ctx: &StepContext<'_>,
-    run: &StepRun<'_>,
+    run: &StepRun,
     step: i64,
     format: trainq_queue::storage::CheckpointFormat,
     staged: &std::path::Path,
@@ -286,17 +373,27 @@ async fn upload_with_retry(
     }
 }
 
-/// Gives the claim's groups back after `err` and resets the engine to the committed weights.
-async fn abandon(ctx: &StepContext<'_>, claim: &Claim, err: Error) -> Result<StepOutcome> {
+/// Gives a saved step's groups back because the step before it, committed in the background,
+/// was not; its checkpoint is never uploaded.
+pub(crate) async fn give_back_saved(ctx: &StepContext<'_>, saved: SavedStep) -> StepOutcome {
+    let SavedStep { run, heartbeat, trained, .. } = saved;
+    let previous = StepNumber(trained.step - 1);
+    let outcome = give_back(ctx, &run.claim, Error::PreviousStepNotCommitted { step: previous }).await;
+    let _ = heartbeat.stop().await;
+    let _ = std::fs::remove_dir_all(&trained.staged);
+    outcome
+}
+
+/// Gives the claim's groups back after `err`. A shutdown, a lost commit race or an uncommitted
+/// previous step is not the groups' fault: no attempt is counted. A lost claim has nothing left.
+async fn give_back(ctx: &StepContext<'_>, claim: &Claim, err: Error) -> StepOutcome {
     let reason = err.to_string();
     tracing::warn!(model = %ctx.opts.model, "step abandoned: {reason}");
     let ids: Vec<_> = claim.groups.iter().map(|g| g.id).collect();
-    // A shutdown or a lost commit race is not the groups' fault: give them back without
-    // counting an attempt. A lost claim has nothing left to give back.
     let released = match &err {
-        Error::Shutdown | Error::Queue(trainq_queue::Error::StepTaken { .. }) => {
-            unclaim_groups(ctx.pool, claim.token, &ids).await
-        }
+        Error::Shutdown
+        | Error::PreviousStepNotCommitted { .. }
+        | Error::Queue(trainq_queue::Error::StepTaken { .. }) => unclaim_groups(ctx.pool, claim.token, &ids).await,
         Error::Queue(trainq_queue::Error::LostClaim { .. }) => Ok(()),
         _ => release_groups(ctx.pool, claim.token, &ids, &reason).await,
     };
@@ -304,8 +401,7 @@ async fn abandon(ctx: &StepContext<'_>, claim: &Claim, err: Error) -> Result<Ste
         Ok(()) | Err(trainq_queue::Error::LostClaim { .. }) => {}
         Err(e) => tracing::warn!("could not release claim {}: {e} (the rescuer will)", claim.token),
     }
-    ctx.engine.restore(ctx.committed_dir.as_deref()).await?;
-    Ok(StepOutcome::Abandoned { reason })
+    StepOutcome::Abandoned { reason }
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -62,12 +62,20 @@ impl LeaseHeartbeat {
     }
 
     /// Stops the heartbeat and returns how it ended (`Err(LostClaim)` if the claim was lost).
-    pub async fn stop(self) -> Result<()> {
+    pub async fn stop(mut self) -> Result<()> {
         self.cancel.cancel();
-        match self.handle.await {
+        match (&mut self.handle).await {
             Ok(result) => result,
             Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
             Err(_cancelled) => Ok(()),
         }
+    }
+}
+
+/// A heartbeat dropped without [`LeaseHeartbeat::stop`] (its step given up on an error path)
+/// stops extending the lease, so the rescuer can hand the groups back when it runs out.
+impl Drop for LeaseHeartbeat {
+    fn drop(&mut self) {
+        self.cancel.cancel();
     }
 }

@@ -39,7 +39,7 @@ pub enum BatchReadiness {
         /// Too-old groups pending.
         too_old: i64,
     },
-    /// The model's current step is no longer the window's (another worker committed).
+    /// The model's current step has moved past the window's (another worker committed).
     StepMoved,
     /// Nothing eligible or too old arrived within the timeout.
     Nothing,
@@ -99,7 +99,9 @@ impl GroupWaiter {
         let deadline = Instant::now() + timeout;
         loop {
             let found = count_claimable(&self.pool, model, window).await?;
-            if found.current_step != window.current_step {
+            // Behind the window is this worker's own step still being committed (async weight
+            // syncing overlaps a commit with the next step); ahead is another worker's commit.
+            if found.current_step > window.current_step {
                 return Ok(BatchReadiness::StepMoved);
             }
             if found.eligible >= want {
