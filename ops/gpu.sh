@@ -5,6 +5,8 @@
 #   then, through the device tool's `run` with carry [".carry"]:
 #   bash ops/gpu.sh bench     # there: trainq's benchmark and the HF+PEFT peer, same shapes, one call
 #   bash ops/gpu.sh check     # there: bf16-on-CUDA vs f32-on-CPU agreement and a smoke step
+#   bash ops/gpu.sh train ARGS  # there: one `trainq bench train ARGS` row (e.g. --shape qwen3-8b
+#                             # --seq 32768 --micro 1 --ckpt); `peer ARGS`: one peer row
 #   bash ops/gpu.sh profile [ARGS]  # there: one step of `trainq bench train ARGS` under Nsight
 #                             # Compute (kernel durations only), summed by kernel family and name
 #   bash ops/gpu.sh packed [ARGS]   # there: packed agent-like documents vs unpacked rows of the same
@@ -17,7 +19,9 @@
 #                             # `trainq migrate`, `model create` on a random Qwen3-0.6B with the real
 #                             # tokenizer, `trainq worker --device cuda --store s3://…` while
 #                             # `trainq bench produce` streams groups; E2E_MODES="async sync",
-#                             # STEPS, GROUPS_PER_STEP, GROUP_SIZE as in ops/e2e/run.sh
+#                             # STEPS, GROUPS_PER_STEP, GROUP_SIZE, KEEP_LAST as in ops/e2e/run.sh;
+#                             # PEFT_CHECK=1 then loads every committed checkpoint in peft and
+#                             # compares its log-probs with `trainq score` (ops/e2e/peft_check.py)
 #
 # Results are JSON lines under $OUT (trainq.jsonl, peer.jsonl) plus a printed ratio table.
 set -euo pipefail
@@ -58,6 +62,18 @@ case "${1:-}" in
     "$gpu_python" .carry/hf_peft_train.py --all | tee "$OUT/peer.jsonl"
     "$gpu_python" ops/bench/compare.py "$OUT/trainq.jsonl" "$OUT/peer.jsonl" | tee "$OUT/table.md"
     ;;
+  train)
+    # One `trainq bench train ARGS` row (any shape, batch, --packed, --ckpt, --offload).
+    device_env
+    shift
+    ./.carry/trainq bench train "$@" | tee -a "$OUT/trainq.jsonl"
+    ;;
+  peer)
+    # One peer row: ops/bench/hf_peft_train.py ARGS (same flags as the shared script, plus --docs).
+    device_env
+    shift
+    "$gpu_python" .carry/hf_peft_train.py "$@" | tee -a "$OUT/peer.jsonl"
+    ;;
   check)
     device_env
     shift
@@ -91,6 +107,11 @@ case "${1:-}" in
       OUT=$runs PY=$gpu_python bash ops/e2e/run.sh "e2e-$mode" "$model" "$mode" || echo "run $mode failed"
       kill "$sampler" || true
       "$gpu_python" ops/e2e/report.py "$runs/e2e-$mode" | tee -a "$OUT/e2e.jsonl"
+      if [ -n "${PEFT_CHECK:-}" ]; then
+        # Every committed checkpoint (KEEP_LAST large enough to keep them all) loaded by peft.
+        "$gpu_python" ops/e2e/peft_check.py --model "e2e-$mode" --base "$model" --work "/tmp/peft-check-$mode" \
+          | tee -a "$OUT/peft-check.jsonl" || echo "peft check $mode failed"
+      fi
     done
     tar czf "$OUT/e2e-runs.tgz" -C "$OUT" runs && rm -rf "$runs"
     ;;
@@ -120,7 +141,7 @@ case "${1:-}" in
     "$gpu_python" ops/bench/ncu_summary.py "$OUT/ncu.csv" 30 | tee "$OUT/profile.md"
     ;;
   *)
-    echo "usage: ops/gpu.sh build | bench [ARGS] | check [ARGS] | profile [ARGS] | packed [ARGS] | big [ARGS] | e2e" >&2
+    echo "usage: ops/gpu.sh build | bench [ARGS] | train ARGS | peer ARGS | check [ARGS] | profile [ARGS] | packed [ARGS] | big [ARGS] | e2e" >&2
     exit 2
     ;;
 esac

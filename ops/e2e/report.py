@@ -39,7 +39,7 @@ if periods:
         median_period_s=round(statistics.median(p["period"] for p in periods), 3),
         mean_tokens_per_step=round(tot_tokens / len(periods)),
         mean_phase_s={k: round(statistics.mean(p["phases"].get(k, 0.0) for p in periods), 3)
-                      for k in ["claim", "prepare", "save", "upload", "commit"]},
+                      for k in ["batch_wait", "claim", "prepare", "save", "upload", "commit"]},
         groups_claimed=sum(s["claimed"] for s in steps), groups_trained=sum(s["trained"] for s in steps),
     )
 groups_csv = os.path.join(out, "groups.csv")

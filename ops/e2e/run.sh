@@ -9,7 +9,8 @@
 #
 # Env: TRAINQ (binary, default .carry/trainq), STEPS (50), GROUPS_PER_STEP (32),
 # GROUP_SIZE (8), DOC_MIN/DOC_MAX (300/6000 tokens), DEVICE (cuda), MAX_TOKENS (micro-batch
-# budget, 16384), OUT (where logs and the report go). Prints the report's JSON last.
+# budget, 16384), KEEP_LAST (checkpoints retained, 5), METRICS_ADDR (the worker's Prometheus
+# endpoint, off), OUT (where logs and the report go). Prints the report's JSON last.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 name=$1 model_dir=$2 mode=${3:-async}
@@ -30,7 +31,8 @@ produce=()
 if [ "$mode" = sync ]; then flags=(); produce=(--sync); fi
 
 "$trainq" worker --model "$name" --store "${STORE:-s3://${TRAINQ_S3_BUCKET:-trainq}/e2e}" --device "${DEVICE:-cuda}" \
-  --work-dir "/tmp/trainq-e2e/$name" --max-steps "$steps" "${flags[@]}" > "$out/worker.log" 2>&1 &
+  --work-dir "/tmp/trainq-e2e/$name" --max-steps "$steps" --keep-last "${KEEP_LAST:-5}" "${flags[@]}" \
+  ${METRICS_ADDR:+--metrics-addr "$METRICS_ADDR"} > "$out/worker.log" 2>&1 &
 worker=$!
 "$trainq" bench produce --model "$name" --steps "$steps" --groups-per-step "$groups" --group-size "$size" \
   --doc-min "${DOC_MIN:-300}" --doc-max "${DOC_MAX:-6000}" "${produce[@]}" > "$out/produce.log" 2>&1 &

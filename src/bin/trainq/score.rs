@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use tch::{Device, Kind, Tensor};
-use trainq_engine::checkpoint::peft::load_policy_with_adapter;
+use trainq_engine::checkpoint::peft::{load_adapter, load_policy_with_adapter};
 use trainq_engine::model::Policy;
 
 /// Arguments of `trainq score`.
@@ -16,8 +16,10 @@ pub(crate) struct ScoreArgs {
     #[arg(long)]
     model: PathBuf,
     /// PEFT adapter directory (adapter_config.json + adapter_model.safetensors) to apply.
+    /// Repeat it to score the same input under several adapters of one LoRA shape (e.g. every
+    /// checkpoint of a run) with the base loaded once; each line then names its adapter.
     #[arg(long)]
-    adapter: Option<PathBuf>,
+    adapter: Vec<PathBuf>,
     /// JSON lines, one `{"ids": [..]}` object per sequence; `-` reads standard input.
     #[arg(long)]
     input: PathBuf,
@@ -30,27 +32,56 @@ pub(crate) struct ScoreArgs {
 /// aligned with `ids`; the first token has no prefix and so no log-prob (null).
 pub(crate) fn run(args: ScoreArgs) -> Result<()> {
     let device = parse_device(&args.device)?;
-    let policy = match &args.adapter {
-        Some(adapter) => load_policy_with_adapter(&args.model, adapter, device)?,
-        None => Policy::load(&args.model, None, device)?,
+    let inputs = read_inputs(&args.input)?;
+    let mut out = std::io::stdout().lock();
+    let Some((first, rest)) = args.adapter.split_first() else {
+        let policy = Policy::load(&args.model, None, device)?;
+        return write_scores(&policy, &inputs, None, &mut out);
     };
-    let reader: Box<dyn BufRead> = if args.input.as_os_str() == "-" {
+    let policy = load_policy_with_adapter(&args.model, first, device)?;
+    let named = (!rest.is_empty()).then_some(first.as_path());
+    write_scores(&policy, &inputs, named, &mut out)?;
+    for adapter in rest {
+        load_adapter(&policy, adapter).with_context(|| format!("adapter {}", adapter.display()))?;
+        write_scores(&policy, &inputs, Some(adapter), &mut out)?;
+    }
+    Ok(())
+}
+
+/// The `{"ids": [..]}` lines of `path` (`-`: standard input), blank lines left out.
+fn read_inputs(path: &std::path::Path) -> Result<Vec<Vec<i64>>> {
+    let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
         Box::new(BufReader::new(std::io::stdin()))
     } else {
-        let file = std::fs::File::open(&args.input).with_context(|| format!("open {}", args.input.display()))?;
+        let file = std::fs::File::open(path).with_context(|| format!("open {}", path.display()))?;
         Box::new(BufReader::new(file))
     };
-    let mut out = std::io::stdout().lock();
+    let mut inputs = Vec::new();
     for (number, line) in reader.lines().enumerate() {
         let line = line?;
-        if line.trim().is_empty() {
-            continue;
+        if !line.trim().is_empty() {
+            inputs.push(parse_ids(&line).with_context(|| format!("{} line {}", path.display(), number + 1))?);
         }
-        let ids = parse_ids(&line).with_context(|| format!("{} line {}", args.input.display(), number + 1))?;
-        let logprobs = tch::no_grad(|| score_ids(&policy, &ids))?;
+    }
+    Ok(inputs)
+}
+
+/// One `{"logprobs": [null, …]}` line per input (with `"adapter"` when several are scored).
+fn write_scores(
+    policy: &Policy,
+    inputs: &[Vec<i64>],
+    adapter: Option<&std::path::Path>,
+    out: &mut impl Write,
+) -> Result<()> {
+    for ids in inputs {
+        let logprobs = tch::no_grad(|| score_ids(policy, ids))?;
         let mut values = vec![serde_json::Value::Null];
         values.extend(logprobs.into_iter().map(serde_json::Value::from));
-        writeln!(out, "{}", serde_json::json!({ "logprobs": values }))?;
+        let line = match adapter {
+            Some(dir) => serde_json::json!({ "adapter": dir.display().to_string(), "logprobs": values }),
+            None => serde_json::json!({ "logprobs": values }),
+        };
+        writeln!(out, "{line}")?;
     }
     Ok(())
 }
