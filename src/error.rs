@@ -18,9 +18,10 @@ pub enum Error {
     #[error("the worker is shutting down")]
     Shutdown,
     /// The step before this one was trained first and committed in the background (async
-    /// weight syncing), and that commit failed: this step trained on weights that are not the
-    /// model's, so its groups go back without counting an attempt.
-    #[error("step {step} was not committed, so the step trained on top of it is given back")]
+    /// weight syncing), and that step was not committed: this step trained (or was prepared to
+    /// train) on weights that are not the model's, so its groups go back without counting an
+    /// attempt.
+    #[error("step {step} was not committed, so the step after it is given back")]
     PreviousStepNotCommitted {
         /// The step whose commit failed.
         step: trainq_queue::StepNumber,

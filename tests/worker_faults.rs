@@ -3,7 +3,8 @@
 //! group lost or stuck, a restarted worker completes the step, each group trained once), and the
 //! S3 server stopped during upload (the upload is retried, the step recorded once and whole), and
 //! a lost commit race (another worker committed the step first: the groups go back to the queue
-//! without counting an attempt), also when the next step already trained on top of the lost one.
+//! without counting an attempt), also when the next step already trained on top of the lost one;
+//! and, with async weight syncing, the next batch claimed while a step trains.
 
 mod common;
 mod worker_support;
@@ -225,6 +226,41 @@ async fn a_step_trained_while_the_previous_commit_is_lost_goes_back_without_coun
     let steps = list_steps(&db.pool, "m", 10).await.unwrap();
     let by = steps.iter().map(|s| (s.step.get(), s.worker_id == "other")).collect::<Vec<_>>();
     assert_eq!(by, vec![(3, false), (2, false), (1, true)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_async_weight_syncing_the_next_batch_is_claimed_while_a_step_trains() {
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    let mut cfg = tiny_config(1, 30);
+    cfg.queue.async_weight_syncing = true;
+    cfg.queue.max_staleness = 2;
+    register(&db.pool, "m", &model_dir, cfg).await;
+    let ours = submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.5], &[0.2, 0.4]], Some(0)).await;
+    let store_url = format!("file://{}", work.path().join("store").display());
+    let resume = work.path().join("resume");
+    let resume_str = resume.to_str().unwrap().to_string();
+    let env = [(FAULT_PAUSE_AT_ENV, "train"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
+    let (url, args) = (db.url(None), ["--max-steps", "3", "--keep-last", "3"]);
+    let mut worker = WorkerProcess::spawn(&url, "m", &store_url, None, &work.path().join("w"), &env, &args);
+    worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=train step=1"), START_LIMIT);
+    // Step 1 is held before its optimizer step; step 2's batch is claimed and prepared meanwhile.
+    wait_until("the next batch is claimed while step 1 trains", START_LIMIT, || async {
+        groups(&db.pool, "m").await.iter().filter(|g| g.state == "claimed").count() == 2
+    })
+    .await;
+    std::fs::write(&resume, b"").unwrap();
+    assert!(worker.wait_exit(START_LIMIT), "{}", worker.seen.join("\n"));
+    let rows = groups(&db.pool, "m").await;
+    for row in rows.iter().filter(|g| ours.contains(&g.id)) {
+        assert_eq!((row.state.as_str(), row.attempts), ("trained", 0), "{rows:?}");
+    }
+    let steps = list_steps(&db.pool, "m", 10).await.unwrap();
+    assert_eq!(
+        steps.iter().map(|s| (s.step.get(), s.groups_trained)).collect::<Vec<_>>(),
+        vec![(3, 1), (2, 1), (1, 1)]
+    );
 }
 
 /// Step 1 as another worker recorded it (no checkpoint: the race is about the step number).

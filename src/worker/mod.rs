@@ -4,12 +4,14 @@
 //! repeats [`step`]s: assemble a batch (wait, woken by LISTEN with a poll fallback, until
 //! `groups_per_step` eligible groups are pending or the oldest has waited `max_batch_wait_seconds`),
 //! claim it, drop the groups with nothing to learn, train on the engine thread while heartbeats
-//! keep the lease, upload the checkpoint, and commit the step fenced on the claim token.
+//! keep the lease, upload the checkpoint, and commit the step fenced on the claim token. With
+//! async weight syncing these overlap across steps ([`pipeline`]).
 
 #[doc(hidden)]
 pub mod fault_hook;
 pub mod metrics;
 mod options;
+mod pipeline;
 mod prepare;
 mod record;
 mod step;
@@ -23,23 +25,20 @@ pub use trainq_engine::engine::Placement;
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
-use step::{
-    claim_and_train, give_back_saved, policy_window, upload_and_commit, BatchPlan, Committed, SavedStep, StepContext,
-    Trained,
-};
+use step::{Committed, StepContext};
 use trainq_engine::engine::Engine;
 use trainq_engine::tokenize::ChatTokenizer;
 use trainq_queue::config::TrainConfig;
 use trainq_queue::db::models::get_model;
 use trainq_queue::db::steps::{latest_checkpoint, mark_checkpoints_deleted};
-use trainq_queue::db::workers::{heartbeat_worker, register_worker, WorkerInfo};
-use trainq_queue::queue::{spawn_rescuer, BatchReadiness, GroupWaiter};
+use trainq_queue::db::workers::{register_worker, WorkerInfo};
+use trainq_queue::queue::{spawn_rescuer, GroupWaiter};
 use trainq_queue::storage::{
     apply_retention, fetch_checkpoint, resolve_base_model, FetchOptions, RetentionPolicy, Store,
 };
@@ -74,13 +73,13 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
     let base_dir = resolve_base_model(&model.base, &opts.work_dir).await?;
     let tokenizer =
         Arc::new(ChatTokenizer::from_dir(&base_dir)?.with_template_kwargs(cfg.chat_template_kwargs.clone()));
-    let (mut engine_step, resume_dir) = stage_latest(pool, &store, opts).await?;
+    let (engine_step, resume_dir) = stage_latest(pool, &store, opts).await?;
     let engine = Engine::start(&base_dir, &cfg, &opts.placement, resume_dir.as_deref()).await?;
     tracing::info!(model = %opts.model, worker = %opts.worker_id, step = %engine_step, "worker ready");
 
     let rescuer =
         spawn_rescuer(pool.clone(), Duration::from_secs_f64(cfg.queue.lease_seconds as f64 / 4.0), cancel.clone());
-    let mut waiter = GroupWaiter::listen(pool, opts.poll_interval).await?;
+    let waiter = GroupWaiter::listen(pool, opts.poll_interval).await?;
     let metrics = metrics::start(pool, opts, &cancel).await?;
     let ctx = StepContext {
         pool,
@@ -92,163 +91,10 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
         cancel: &cancel,
         committed: Mutex::new(Committed { step: engine_step, dir: resume_dir }),
     };
-    // With async weight syncing a step's upload and commit run while the next step assembles
-    // and trains (producers accept lagging weights anyway); on-policy, the next batch can only
-    // be sampled from the committed checkpoint, so steps run one after another.
-    let overlap_commits = cfg.queue.async_weight_syncing;
-    let mut pending: Option<Box<SavedStep>> = None;
-    let mut summary = WorkerSummary::default();
-    let mut idle_since = Instant::now();
-    loop {
-        let started = summary.steps.len() + usize::from(pending.is_some());
-        let room = !cancel.is_cancelled() && opts.max_steps.is_none_or(|n| (started as u64) < n);
-        if !room && pending.is_none() {
-            break;
-        }
-        let previous = pending.take();
-        if let Err(err) = heartbeat_worker(pool, &opts.worker_id).await {
-            if let Some(saved) = previous {
-                give_back_saved(&ctx, *saved).await;
-            }
-            return Err(err.into());
-        }
-        let current = match &previous {
-            // Speculative: the step being committed is what the next one starts from.
-            Some(saved) => saved.step(),
-            None => {
-                let current = get_model(pool, &opts.model).await?.current_step;
-                if current != engine_step {
-                    // Another worker committed meanwhile: continue from its checkpoint.
-                    let (step, dir) = stage_latest(pool, &store, opts).await?;
-                    engine.restore(dir.as_deref()).await?;
-                    ctx.set_committed(step, dir);
-                    engine_step = step;
-                }
-                current
-            }
-        };
-        let finish = async {
-            match previous {
-                Some(saved) => Some(upload_and_commit(&ctx, *saved).await),
-                None => None,
-            }
-        };
-        let next = async {
-            match room {
-                true => assemble_and_train(&ctx, &mut waiter, current).await,
-                false => Ok(Next::Nothing),
-            }
-        };
-        let (finished, next) = tokio::join!(finish, next);
-
-        // Whether the engine holds weights that will not be committed.
-        let mut restore = false;
-        if let Some(finished) = finished {
-            idle_since = Instant::now();
-            match finished {
-                StepOutcome::Committed(record) => {
-                    engine_step = record.step;
-                    record_commit(&ctx, metrics.as_deref(), &mut summary, record).await;
-                }
-                _abandoned => {
-                    summary.abandoned += 1;
-                    restore = true;
-                }
-            }
-        }
-        match next? {
-            Next::Stop => break,
-            Next::Moved => {}
-            Next::Nothing => {
-                if opts.stop_when_idle_for.is_some_and(|limit| idle_since.elapsed() >= limit) {
-                    tracing::info!(model = %opts.model, "idle for {:?}: stopping", idle_since.elapsed());
-                    break;
-                }
-            }
-            Next::Pass(Trained::Done(StepOutcome::Idle)) => {}
-            Next::Pass(Trained::Done(outcome)) => {
-                idle_since = Instant::now();
-                match outcome {
-                    StepOutcome::AllSkipped { .. } => summary.all_skipped_passes += 1,
-                    _abandoned => {
-                        summary.abandoned += 1;
-                        restore = true;
-                    }
-                }
-            }
-            Next::Pass(Trained::Saved(saved)) => {
-                idle_since = Instant::now();
-                if restore {
-                    // Trained on top of a step that was not committed.
-                    give_back_saved(&ctx, *saved).await;
-                    summary.abandoned += 1;
-                } else if overlap_commits {
-                    pending = Some(saved);
-                } else {
-                    match upload_and_commit(&ctx, *saved).await {
-                        StepOutcome::Committed(record) => {
-                            engine_step = record.step;
-                            record_commit(&ctx, metrics.as_deref(), &mut summary, record).await;
-                        }
-                        _abandoned => {
-                            summary.abandoned += 1;
-                            restore = true;
-                        }
-                    }
-                }
-            }
-        }
-        if restore {
-            engine_step = ctx.restore_engine().await?;
-        }
-    }
+    let summary = pipeline::Pipeline::new(&ctx, waiter, metrics.as_deref(), engine_step).run().await?;
     cancel.cancel();
     let _ = rescuer.await;
     Ok(summary)
-}
-
-/// What the loop's next pass came to, before any upload.
-enum Next {
-    /// Shutdown was asked for while waiting.
-    Stop,
-    /// Nothing eligible arrived within the poll interval.
-    Nothing,
-    /// Another worker committed a step: look again.
-    Moved,
-    /// A batch was claimed: how far its step got.
-    Pass(Trained),
-}
-
-/// Assembles a batch for the step after `current` (waiting, woken by LISTEN, until
-/// `groups_per_step` eligible groups are pending or the oldest has waited
-/// `max_batch_wait_seconds`), then claims, trains and saves it.
-async fn assemble_and_train(ctx: &StepContext<'_>, waiter: &mut GroupWaiter, current: StepNumber) -> Result<Next> {
-    let (cfg, opts) = (ctx.cfg, ctx.opts);
-    let waited = Instant::now();
-    let want = cfg.queue.groups_per_step as i64;
-    let max_wait = Duration::from_secs_f64(cfg.queue.max_batch_wait_seconds);
-    let window = policy_window(cfg, current.get());
-    let ready = tokio::select! {
-        _ = ctx.cancel.cancelled() => return Ok(Next::Stop),
-        ready = waiter.wait_for_batch(&opts.model, &window, want, max_wait, opts.poll_interval) => ready?,
-    };
-    let eligible_limit = match ready {
-        BatchReadiness::Nothing => return Ok(Next::Nothing),
-        BatchReadiness::StepMoved => return Ok(Next::Moved),
-        BatchReadiness::TooOldOnly { .. } => 0,
-        BatchReadiness::Full { .. } => want,
-        BatchReadiness::Short { eligible, waited_seconds } => {
-            tracing::info!(
-                model = %opts.model,
-                "short batch: {eligible} of {want} eligible group(s) after {waited_seconds:.1}s \
-                 (queue.max_batch_wait_seconds = {})",
-                cfg.queue.max_batch_wait_seconds
-            );
-            want
-        }
-    };
-    let plan = BatchPlan { eligible_limit, wait_s: waited.elapsed().as_secs_f64() };
-    Ok(Next::Pass(claim_and_train(ctx, current, plan).await?))
 }
 
 /// Logs a committed step, feeds the metrics endpoint and applies retention.

@@ -129,17 +129,41 @@ impl SavedStep {
     }
 }
 
-/// How far [`claim_and_train`] got.
-pub(crate) enum Trained {
-    /// The pass ended before a checkpoint was saved (nothing pending, all skipped, abandoned).
+/// A claimed step, prepared (filtered, tokenized, packed) and not yet trained. With async
+/// weight syncing the next step's batch is claimed and prepared while this one trains.
+pub(crate) struct ReadyStep {
+    run: StepRun,
+    heartbeat: LeaseHeartbeat,
+    prepared: PreparedStep,
+    prepare_s: f64,
+}
+
+impl ReadyStep {
+    /// The step number this step commits as.
+    pub(super) fn step(&self) -> StepNumber {
+        StepNumber(self.run.current_step + 1)
+    }
+}
+
+/// How far [`claim_and_prepare`] got.
+pub(crate) enum Claimed {
+    /// Nothing to train: nothing claimed, every group skipped, or given up.
     Done(StepOutcome),
+    /// Ready for [`train_and_save`].
+    Ready(Box<ReadyStep>),
+}
+
+/// How far [`train_and_save`] got.
+pub(crate) enum Trained {
+    /// Given up before a checkpoint was saved (its groups handed back, the reason logged).
+    Abandoned,
     /// Saved locally: [`upload_and_commit`] finishes it.
     Saved(Box<SavedStep>),
 }
 
-/// Claims, prepares, trains and saves one step from checkpoint `current`. A step given up on
-/// the way hands its groups back; the engine is left as it is (the caller restores it).
-pub(crate) async fn claim_and_train(ctx: &StepContext<'_>, current: StepNumber, plan: BatchPlan) -> Result<Trained> {
+/// Claims and prepares one step from checkpoint `current`. A step given up on the way hands its
+/// groups back.
+pub(crate) async fn claim_and_prepare(ctx: &StepContext<'_>, current: StepNumber, plan: BatchPlan) -> Result<Claimed> {
     let current_step = current.get();
     let started_at = Utc::now();
     let clock = Instant::now();
@@ -156,7 +180,7 @@ pub(crate) async fn claim_and_train(ctx: &StepContext<'_>, current: StepNumber, 
     )
     .await?;
     if claim.groups.is_empty() {
-        return Ok(Trained::Done(StepOutcome::Idle));
+        return Ok(Claimed::Done(StepOutcome::Idle));
     }
     let lease = ctx.cfg.queue.lease_seconds as f64;
     // Fires on shutdown, or when the heartbeat finds the claim lost: training stops after its
@@ -166,18 +190,32 @@ pub(crate) async fn claim_and_train(ctx: &StepContext<'_>, current: StepNumber, 
     let heartbeat = spawn_lease_heartbeat(ctx.pool.clone(), claim.token, lease, every, stop.clone());
     let claim_s = clock.elapsed().as_secs_f64();
     let run = StepRun { claim, stop, current_step, started_at, claim_s, wait_s: plan.wait_s };
-    match prepare_train_save(ctx, &run).await {
-        Ok(Prepared::AllSkipped(groups)) => {
-            let _ = heartbeat.stop().await;
-            Ok(Trained::Done(StepOutcome::AllSkipped { groups }))
+    match prepare(ctx, &run).await {
+        Ok(Some((prepared, prepare_s))) => {
+            Ok(Claimed::Ready(Box::new(ReadyStep { run, heartbeat, prepared: *prepared, prepare_s })))
         }
-        Ok(Prepared::Saved(prepared, trained)) => {
-            Ok(Trained::Saved(Box::new(SavedStep { run, heartbeat, prepared: *prepared, trained })))
+        Ok(None) => {
+            let _ = heartbeat.stop().await;
+            Ok(Claimed::Done(StepOutcome::AllSkipped { groups: run.claim.groups.len() }))
         }
         Err(err) => {
             let outcome = give_back(ctx, &run.claim, run.explain(ctx, err)).await;
             let _ = heartbeat.stop().await;
-            Ok(Trained::Done(outcome))
+            Ok(Claimed::Done(outcome))
+        }
+    }
+}
+
+/// Trains a prepared step and saves its checkpoint locally. A step given up on the way hands
+/// its groups back; the engine is left as it is (the caller restores it).
+pub(crate) async fn train_and_save(ctx: &StepContext<'_>, ready: ReadyStep) -> Trained {
+    let ReadyStep { run, heartbeat, mut prepared, prepare_s } = ready;
+    match train_save(ctx, &run, &mut prepared, prepare_s).await {
+        Ok(trained) => Trained::Saved(Box::new(SavedStep { run, heartbeat, prepared, trained })),
+        Err(err) => {
+            give_back(ctx, &run.claim, run.explain(ctx, err)).await;
+            let _ = heartbeat.stop().await;
+            Trained::Abandoned
         }
     }
 }
@@ -220,19 +258,13 @@ impl StepRun {
     }
 }
 
-/// What [`prepare_train_save`] ended with.
-enum Prepared {
-    /// Every claimed group was skipped (recorded as a skipped pass); the count.
-    AllSkipped(usize),
-    /// Trained and saved locally.
-    Saved(Box<PreparedStep>, TrainedStep),
-}
-
-async fn prepare_train_save(ctx: &StepContext<'_>, run: &StepRun) -> Result<Prepared> {
-    let (claim, current_step, started_at, claim_s) = (&run.claim, run.current_step, run.started_at, run.claim_s);
+/// Filters, tokenizes and packs the claimed groups on a blocking thread; `None` when every
+/// group was skipped (recorded as a skipped pass).
+async fn prepare(ctx: &StepContext<'_>, run: &StepRun) -> Result<Option<(Box<PreparedStep>, f64)>> {
+    let (claim, current_step, started_at) = (&run.claim, run.current_step, run.started_at);
     let clock = Instant::now();
     let (groups, cfg, tokenizer) = (claim.groups.clone(), ctx.cfg.clone(), ctx.tokenizer.clone());
-    let mut prepared = tokio::task::spawn_blocking(move || prepare_step(&groups, &cfg, current_step, &tokenizer))
+    let prepared = tokio::task::spawn_blocking(move || prepare_step(&groups, &cfg, current_step, &tokenizer))
         .await
         .map_err(Error::task("tokenizer task"))??;
     let prepare_s = clock.elapsed().as_secs_f64();
@@ -245,10 +277,19 @@ async fn prepare_train_save(ctx: &StepContext<'_>, run: &StepRun) -> Result<Prep
             "no step taken: all {} claimed group(s) were skipped; waiting for more",
             claim.groups.len()
         );
-        return Ok(Prepared::AllSkipped(claim.groups.len()));
+        return Ok(None);
     }
-    run.check(ctx)?;
+    Ok(Some((Box::new(prepared), prepare_s)))
+}
 
+async fn train_save(
+    ctx: &StepContext<'_>,
+    run: &StepRun,
+    prepared: &mut PreparedStep,
+    prepare_s: f64,
+) -> Result<TrainedStep> {
+    let (current_step, started_at, claim_s) = (run.current_step, run.started_at, run.claim_s);
+    run.check(ctx)?;
     super::fault_hook::pause_if_requested("train", current_step + 1).await;
     let clock = Instant::now();
     let real_tokens: usize = prepared.batches.iter().map(MicroBatch::real_tokens).sum();
@@ -266,8 +307,7 @@ async fn prepare_train_save(ctx: &StepContext<'_>, run: &StepRun) -> Result<Prep
 
     let timings =
         json!({"batch_wait": run.wait_s, "claim": claim_s, "prepare": prepare_s, "train": train_s, "save": save_s});
-    let trained = TrainedStep { step, started_at, timings, metrics, real_tokens, format, staged };
-    Ok(Prepared::Saved(Box::new(prepared), trained))
+    Ok(TrainedStep { step, started_at, timings, metrics, real_tokens, format, staged })
 }
 
 /// A trained step, saved locally and not yet uploaded.
@@ -371,6 +411,15 @@ async fn upload_with_retry(
             }
         }
     }
+}
+
+/// Gives a prepared step's groups back because the step it was to train on top of was not
+/// trained or committed.
+pub(crate) async fn give_back_ready(ctx: &StepContext<'_>, ready: ReadyStep) -> StepOutcome {
+    let previous = StepNumber(ready.run.current_step);
+    let outcome = give_back(ctx, &ready.run.claim, Error::PreviousStepNotCommitted { step: previous }).await;
+    let _ = ready.heartbeat.stop().await;
+    outcome
 }
 
 /// Gives a saved step's groups back because the step before it, committed in the background,

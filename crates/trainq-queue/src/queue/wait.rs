@@ -7,6 +7,7 @@ use std::time::Duration;
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::db::claims::PolicyWindow;
 use crate::db::groups::{count_claimable, has_pending};
@@ -125,6 +126,34 @@ impl GroupWaiter {
                 return Ok(BatchReadiness::Nothing);
             }
             self.next_wake(model, (deadline - now).min(self.poll_interval)).await;
+        }
+    }
+
+    /// Waits, woken by `NOTIFY trainq_groups`, until `want` eligible groups of a step in
+    /// `window` are pending ([`BatchReadiness::Full`]) or another worker's commit moved the model
+    /// past the window ([`BatchReadiness::StepMoved`]); `None` once `stop` fires. Short and
+    /// too-old batches are left to [`GroupWaiter::wait_for_batch`]: this is the wait of a worker
+    /// that claims the next batch while the current step trains, and takes only a full one.
+    pub async fn wait_for_full_batch(
+        &mut self,
+        model: &str,
+        window: &PolicyWindow,
+        want: i64,
+        stop: &CancellationToken,
+    ) -> Result<Option<BatchReadiness>> {
+        loop {
+            let found = count_claimable(&self.pool, model, window).await?;
+            if found.current_step > window.current_step {
+                return Ok(Some(BatchReadiness::StepMoved));
+            }
+            if found.eligible >= want {
+                return Ok(Some(BatchReadiness::Full { eligible: found.eligible }));
+            }
+            let nap = self.poll_interval;
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(None),
+                _ = self.next_wake(model, nap) => {}
+            }
         }
     }
 
