@@ -21,7 +21,8 @@
 #                             # `trainq bench produce` streams groups; E2E_MODES="async sync",
 #                             # STEPS, GROUPS_PER_STEP, GROUP_SIZE, KEEP_LAST as in ops/e2e/run.sh;
 #                             # PEFT_CHECK=1 then loads every committed checkpoint in peft and
-#                             # compares its log-probs with `trainq score` (ops/e2e/peft_check.py)
+#                             # compares its log-probs with `trainq score` (ops/e2e/peft_check.py;
+#                             # PEFT_CHECK_DTYPE=f32 for the check that tells adapters apart)
 #
 # Results are JSON lines under $OUT (trainq.jsonl, peer.jsonl) plus a printed ratio table.
 set -euo pipefail
@@ -110,6 +111,7 @@ case "${1:-}" in
       if [ -n "${PEFT_CHECK:-}" ]; then
         # Every committed checkpoint (KEEP_LAST large enough to keep them all) loaded by peft.
         "$gpu_python" ops/e2e/peft_check.py --model "e2e-$mode" --base "$model" --work "/tmp/peft-check-$mode" \
+          --dtype "${PEFT_CHECK_DTYPE:-bf16}" \
           | tee -a "$OUT/peft-check.jsonl" || echo "peft check $mode failed"
       fi
     done

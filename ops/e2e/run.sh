@@ -10,7 +10,8 @@
 # Env: TRAINQ (binary, default .carry/trainq), STEPS (50), GROUPS_PER_STEP (32),
 # GROUP_SIZE (8), DOC_MIN/DOC_MAX (300/6000 tokens), DEVICE (cuda), MAX_TOKENS (micro-batch
 # budget, 16384), KEEP_LAST (checkpoints retained, 5), METRICS_ADDR (the worker's Prometheus
-# endpoint, off), OUT (where logs and the report go). Prints the report's JSON last.
+# endpoint, off), MAX_STALENESS (async runs, 2), AHEAD (steps' worth of groups the producer keeps
+# queued in async runs, 2), OUT (where logs and the report go). Prints the report's JSON last.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 name=$1 model_dir=$2 mode=${3:-async}
@@ -26,8 +27,8 @@ psql=${TRAINQ_SERVICES_BIN:+$TRAINQ_SERVICES_BIN/}psql
 printf '{"max_seq_len": %d, "max_tokens_per_micro_batch": %d}' "$(( ${DOC_MAX:-6000} + 2048 ))" "${MAX_TOKENS:-16384}" > "$out/config.json"
 "$trainq" model create "$name" --base "$model_dir" --lora-rank 8 --config "$out/config.json" \
   --groups-per-step "$groups" --lease-seconds 600 >/dev/null
-flags=(--async-weight-syncing --max-staleness 2)
-produce=()
+flags=(--async-weight-syncing --max-staleness "${MAX_STALENESS:-2}")
+produce=(--ahead "${AHEAD:-2}")
 if [ "$mode" = sync ]; then flags=(); produce=(--sync); fi
 
 "$trainq" worker --model "$name" --store "${STORE:-s3://${TRAINQ_S3_BUCKET:-trainq}/e2e}" --device "${DEVICE:-cuda}" \

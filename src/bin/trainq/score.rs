@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use tch::{Device, Kind, Tensor};
-use trainq_engine::checkpoint::peft::{load_adapter, load_policy_with_adapter};
+use trainq_engine::checkpoint::peft::{load_adapter, read_adapter_config};
 use trainq_engine::model::Policy;
 
 /// Arguments of `trainq score`.
@@ -26,6 +26,9 @@ pub(crate) struct ScoreArgs {
     /// `cpu`, `cuda` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// Weights' dtype: `bf16`, `f32`, or `auto` (bf16 on CUDA, f32 on the CPU, as training).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "bf16", "f32"])]
+    dtype: String,
 }
 
 /// Prints `{"logprobs": [null, lp_1, …]}` per input line: entry t is log p(ids[t] | ids[..t]),
@@ -34,11 +37,18 @@ pub(crate) fn run(args: ScoreArgs) -> Result<()> {
     let device = parse_device(&args.device)?;
     let inputs = read_inputs(&args.input)?;
     let mut out = std::io::stdout().lock();
+    let kind = match args.dtype.as_str() {
+        "bf16" => Kind::BFloat16,
+        "f32" => Kind::Float,
+        _ => trainq_engine::model::default_kind(device),
+    };
     let Some((first, rest)) = args.adapter.split_first() else {
-        let policy = Policy::load(&args.model, None, device)?;
+        let policy = Policy::load_as(&args.model, None, device, kind)?;
         return write_scores(&policy, &inputs, None, &mut out);
     };
-    let policy = load_policy_with_adapter(&args.model, first, device)?;
+    let lora = read_adapter_config(first)?;
+    let policy = Policy::load_as(&args.model, Some(&lora), device, kind)?;
+    load_adapter(&policy, first).with_context(|| format!("adapter {}", first.display()))?;
     let named = (!rest.is_empty()).then_some(first.as_path());
     write_scores(&policy, &inputs, named, &mut out)?;
     for adapter in rest {
