@@ -169,7 +169,10 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
             Next::Pass(Trained::Done(outcome)) => {
                 idle_since = Instant::now();
                 match outcome {
-                    StepOutcome::AllSkipped { .. } => summary.all_skipped_passes += 1,
+                    StepOutcome::AllSkipped { .. } => {
+                        summary.all_skipped_passes += 1;
+                        metrics.iter().for_each(|m| m.observe_skipped_pass());
+                    }
                     _abandoned => {
                         summary.abandoned += 1;
                         restore = true;
