@@ -39,25 +39,30 @@ pub mod worker;
 
 pub use error::{Error, Result};
 pub use tokio_util::sync::CancellationToken;
-/// The typed training config stored on each model row ([`TrainConfig`] and its sections).
 pub use trainq_queue::config;
 pub use trainq_queue::config::TrainConfig;
 pub use trainq_queue::db::StepRecord;
 pub use trainq_queue::storage::RetentionPolicy;
+pub use trainq_queue::Error as QueueError;
 pub use trainq_queue::{group_status, GroupStatus, LatestCheckpoint, Model, NewGroup, NewModel};
 pub use trainq_queue::{FetchOptions, Manifest, Store, StoreOptions};
-pub use trainq_queue::Error as QueueError;
 pub use trainq_queue::{GroupId, StepNumber};
 
+/// Installs or upgrades schema `trainq`; safe to call at every start.
+///
 /// # Example
 /// ```no_run
-/// # async fn demo() -> Result<(), trainq::QueueError> {
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// let pool = sqlx::PgPool::connect("postgres://postgres@127.0.0.1/trainq").await?;
 /// trainq::migrate(&pool).await?; // idempotent: safe at every start
 /// # Ok(()) }
 /// ```
+///
+/// # Details
 pub use trainq_queue::migrate;
 
+/// Registers a model: its name, base weights and training config.
+///
 /// # Example
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), trainq::QueueError> {
@@ -67,8 +72,12 @@ pub use trainq_queue::migrate;
 /// println!("model {} at step {}", row.name, row.current_step);
 /// # Ok(()) }
 /// ```
+///
+/// # Details
 pub use trainq_queue::create_model;
 
+/// Submits a group of rollouts from Rust (the same as `INSERT INTO trainq.groups` from SQL).
+///
 /// # Example: submit a group from Rust
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), trainq::QueueError> {
@@ -86,8 +95,12 @@ pub use trainq_queue::create_model;
 /// println!("group {id} is {}", status.state);
 /// # Ok(()) }
 /// ```
+///
+/// # Details
 pub use trainq_queue::submit_group;
 
+/// The newest committed checkpoint, without waiting: the step a producer samples from.
+///
 /// # Example
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), trainq::QueueError> {
@@ -96,11 +109,20 @@ pub use trainq_queue::submit_group;
 /// println!("sample from step {version}");
 /// # Ok(()) }
 /// ```
+///
+/// # Details
 pub use trainq_queue::latest as latest_checkpoint;
 
-/// See [`fetch_checkpoint`] for the loop of an inference host.
+/// Waits, woken by `LISTEN`, for a checkpoint newer than the one you have.
+///
+/// # Example
+/// An inference host's loop is on [`fetch_checkpoint`].
+///
+/// # Details
 pub use trainq_queue::wait_for_checkpoint;
 
+/// Downloads a committed checkpoint and verifies every file against its manifest.
+///
 /// # Example: wait for and fetch the latest checkpoint
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), trainq::QueueError> {
@@ -121,6 +143,8 @@ pub use trainq_queue::wait_for_checkpoint;
 /// }
 /// # }
 /// ```
+///
+/// # Details
 pub use trainq_queue::fetch_checkpoint;
 
 #[cfg(feature = "engine")]
@@ -130,6 +154,8 @@ pub use trainq_engine::Error as EngineError;
 #[cfg(feature = "engine")]
 pub use worker::{ConfigOverrides, Placement, StepOutcome, WorkerOptions, WorkerSummary};
 
+/// Runs a worker in your own tokio program until your token fires (or `max_steps`, or idle).
+///
 /// # Example: run a worker inside your own tokio program, with your own shutdown signal
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> trainq::Result<()> {
@@ -146,5 +172,7 @@ pub use worker::{ConfigOverrides, Placement, StepOutcome, WorkerOptions, WorkerS
 /// println!("{} steps committed, {} abandoned", summary.steps.len(), summary.abandoned);
 /// # Ok(()) }
 /// ```
+///
+/// # Details
 #[cfg(feature = "engine")]
 pub use worker::run_worker;

@@ -17,8 +17,8 @@ use sha2::{Digest, Sha256};
 use trainq::worker::fault_hook::{FAULT_PAUSED_MARKER, FAULT_PAUSE_AT_ENV, FAULT_RESUME_FILE_ENV};
 use trainq_queue::db::steps::{latest_checkpoint, list_steps};
 use trainq_queue::db::{claim_groups, commit_step, rescue_expired, ClaimParams, StepRecord};
-use trainq_queue::{ClaimToken, GroupId};
 use trainq_queue::storage::{complete_steps, read_manifest, MANIFEST_FILE};
+use trainq_queue::{ClaimToken, GroupId};
 
 use common::db::TestDb;
 use common::s3::MotoServer;
@@ -302,10 +302,7 @@ async fn claim_tokens(pool: &sqlx::PgPool, ids: &[GroupId]) -> Vec<ClaimToken> {
 /// Every file under `dir` (none when it does not exist).
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    entries
-        .flatten()
-        .flat_map(|e| if e.path().is_dir() { walk(&e.path()) } else { vec![e.path()] })
-        .collect()
+    entries.flatten().flat_map(|e| if e.path().is_dir() { walk(&e.path()) } else { vec![e.path()] }).collect()
 }
 
 /// Step 1 as another worker recorded it (no checkpoint: the race is about the step number).

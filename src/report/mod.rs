@@ -264,7 +264,8 @@ fn summary(html: &mut String, steps: &[StepRecord], passes: &[SkippedPass]) {
     let skipped_passes = skipped_passes_text(passes);
     let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
         html.push_str("<p>No steps recorded yet.</p>\n");
-        let _ = writeln!(html, "<table>\n<tr><td>skipped passes</td><td>{}</td></tr>\n</table>", escape(&skipped_passes));
+        let _ =
+            writeln!(html, "<table>\n<tr><td>skipped passes</td><td>{}</td></tr>\n</table>", escape(&skipped_passes));
         return;
     };
     let trained: i64 = steps.iter().map(|s| s.groups_trained as i64).sum();
@@ -375,8 +376,8 @@ mod tests {
         }
     }
 
-    /// The `points` of the polyline drawn for `series` in `svg` (series are drawn in legend order).
-    fn points_of<'a>(svg: &'a str, index: usize) -> Vec<&'a str> {
+    /// The points of the `index`-th polyline of `svg` (series are drawn in legend order).
+    fn points_of(svg: &str, index: usize) -> Vec<&str> {
         let line = svg.split("<polyline").nth(index + 1).unwrap().split("points=\"").nth(1).unwrap();
         line.split('"').next().unwrap().split(' ').collect()
     }

@@ -2,7 +2,7 @@
 //!
 //! It is the layer below the `trainq` crate, which joins it with the queue side in its worker;
 //! an embedder meets only [`Placement`] (where the ranks run), [`Error`] (inside `trainq::Error`)
-//! and [`tch`] (for `tch::Device`). The modules are public for the worker, the CLI's benchmarks
+//! and `tch` (re-exported, for `tch::Device`). The modules are public for the worker, the CLI's benchmarks
 //! and the tests, and hidden from these docs:
 //!
 //! - `tokenize` renders chats through the model's template and tokenizer into ids, assistant
