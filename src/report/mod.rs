@@ -2,8 +2,9 @@
 //! drawn from `trainq.steps` and `trainq.skipped_passes`: rewards (of the trained groups, of
 //! every claimed group, of the skipped ones, and of the passes where every group was skipped),
 //! loss and its parts, KL, clip fraction, importance ratio, grad norm, tokens/s, policy lag,
-//! groups trained and skipped by reason, skipped passes, and step time by phase. Long runs are bucketed into at most [`DEFAULT_MAX_POINTS`] points per line with a
-//! min–max band, so 10 steps and 100,000 steps read the same way.
+//! groups trained and skipped by reason, skipped passes, and step time by phase. Long runs are
+//! bucketed into at most [`DEFAULT_MAX_POINTS`] points per line with a min–max band, so 10
+//! steps and 100,000 steps read the same way.
 
 pub mod chart;
 pub mod series;
