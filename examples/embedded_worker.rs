@@ -5,9 +5,7 @@
 //! is one, else on the CPU, and stops cleanly on ctrl-C: the step in flight is finished or
 //! abandoned and its groups go back to the queue without counting an attempt.
 
-use tokio_util::sync::CancellationToken;
-use trainq::worker::Placement;
-use trainq_engine::tch::Device;
+use trainq::{CancellationToken, Device, Placement};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     loop {
         let latest = match trainq::wait_for_checkpoint(&pool, &model, have, Duration::from_secs(3600)).await {
             Ok(latest) => latest,
-            Err(trainq_queue::Error::NotFound { .. }) => continue, // nothing new this hour
+            Err(trainq::QueueError::NotFound { .. }) => continue, // nothing new this hour
             Err(err) => return Err(err.into()),
         };
         let store = trainq::Store::open_with(&latest.store_url, &trainq::StoreOptions::default())?;

@@ -49,13 +49,9 @@ pub enum Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// The claim was lost or another worker committed the step: not the groups' fault.
-    pub fn is_lost_race(&self) -> bool {
-        matches!(self, Error::Queue(trainq_queue::Error::LostClaim { .. } | trainq_queue::Error::StepTaken { .. }))
-    }
-
     /// Wraps a task's join error.
-    pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Error {
+    #[cfg(feature = "engine")]
+    pub(crate) fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Error {
         move |err| Error::Task { what, message: err.to_string() }
     }
 }

@@ -1,15 +1,19 @@
 //! Data-parallel training on the CPU: splitting a step's micro-batches across ranks of an
 //! in-process collective gives the same LoRA weights, gradients and metrics as one rank training
-//! on the whole batch.
+//! on the whole batch; and a step cancelled mid-way (a lost claim) stops before its next
+//! micro-batch with the weights untouched.
 
 use std::sync::Mutex;
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use tch::{Device, Kind, Tensor};
+use tokio_util::sync::CancellationToken;
 use trainq_engine::collective::{local_group, split_by_tokens, Collective};
 use trainq_engine::model::{tiny_qwen3_config, Policy};
 use trainq_engine::tokenize::{pack, MicroBatch, PackItem, TokenizedTrajectory};
-use trainq_engine::train::{data_parallel_step, RankGroup, RankReplica, StepMetrics, Trainer};
+use trainq_engine::train::{
+    data_parallel_step, MicroBatchTensors, PolicyModel, RankGroup, RankReplica, StepMetrics, Trainer,
+};
 use trainq_queue::config::{LoraConfig, LossNormalization, TrainConfig};
 
 const VOCAB: i64 = 96;
@@ -215,4 +219,66 @@ fn a_rank_with_a_bad_micro_batch_makes_every_rank_fail_the_step_instead_of_hangi
         .collect();
     let errors: Vec<String> = handles.into_iter().map(|h| h.join().unwrap().unwrap_err()).collect();
     assert!(errors[0].contains("other rank(s) failed") && errors[1].contains("field lengths"), "{errors:?}");
+}
+
+/// The policy, firing `cancel` as soon as its first micro-batch is done (as the lease heartbeat
+/// does when it finds the claim lost in the middle of a step); counts the micro-batches it ran.
+struct CancelAfterFirst {
+    policy: Policy,
+    cancel: CancellationToken,
+    ran: usize,
+}
+
+impl PolicyModel for CancelAfterFirst {
+    fn token_logprobs(
+        &self,
+        input_ids: &Tensor,
+        position_ids: &Tensor,
+        targets: &Tensor,
+    ) -> trainq_engine::Result<Tensor> {
+        PolicyModel::token_logprobs(&self.policy, input_ids, position_ids, targets)
+    }
+
+    fn batch_logprobs(&self, batch: &MicroBatchTensors) -> trainq_engine::Result<Tensor> {
+        PolicyModel::batch_logprobs(&self.policy, batch)
+    }
+
+    fn finish_backward(&mut self) -> trainq_engine::Result<()> {
+        PolicyModel::finish_backward(&mut self.policy)?;
+        self.ran += 1;
+        self.cancel.cancel();
+        Ok(())
+    }
+
+    fn trainable_variables(&self) -> Vec<Tensor> {
+        PolicyModel::trainable_variables(&self.policy)
+    }
+
+    fn set_lora_enabled(&mut self, enabled: bool) {
+        PolicyModel::set_lora_enabled(&mut self.policy, enabled)
+    }
+
+    fn set_logit_temperature(&mut self, temperature: f64) {
+        PolicyModel::set_logit_temperature(&mut self.policy, temperature)
+    }
+}
+
+#[test]
+fn a_step_cancelled_mid_way_stops_before_its_next_micro_batch_and_leaves_the_weights_unchanged() {
+    let (cfg, batches) = (config(LossNormalization::TokenMean), micro_batches());
+    let cancel = CancellationToken::new();
+    let mut model = CancelAfterFirst { policy: replica(&cfg), cancel: cancel.clone(), ran: 0 };
+    let weights = |policy: &Policy| -> Vec<(String, Tensor)> {
+        policy.lora_variables().into_iter().map(|(n, t)| (n, t.detach().copy())).collect()
+    };
+    let before = weights(&model.policy);
+    let mut trainer = Trainer::new(&cfg, Device::Cpu);
+    trainer.set_cancel(Some(cancel));
+
+    let err = trainer.step(&mut model, &batches).unwrap_err();
+    assert!(matches!(err, trainq_engine::Error::Cancelled), "{err}");
+    assert_eq!(model.ran, 1, "stopped after the first of {} micro-batches", batches.len());
+    for ((name, was), (_, now)) in before.iter().zip(&weights(&model.policy)) {
+        assert_eq!(max_abs_diff(was, now), 0.0, "{name} moved: no optimizer step may follow a cancel");
+    }
 }

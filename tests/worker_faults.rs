@@ -4,7 +4,9 @@
 //! S3 server stopped during upload (the upload is retried, the step recorded once and whole), and
 //! a lost commit race (another worker committed the step first: the groups go back to the queue
 //! without counting an attempt), also when the next step already trained on top of the lost one;
-//! and, with async weight syncing, the next batch claimed while a step trains.
+//! a claim lost in the middle of a step (the step stops: nothing is trained on, saved or
+//! uploaded, and the log names the claim); and, with async weight syncing, the next batch
+//! claimed while a step trains.
 
 mod common;
 mod worker_support;
@@ -17,6 +19,7 @@ use trainq::worker::fault_hook::{FAULT_PAUSED_MARKER, FAULT_PAUSE_AT_ENV, FAULT_
 use trainq_queue::db::steps::{latest_checkpoint, list_steps};
 use trainq_queue::db::{claim_groups, commit_step, rescue_expired, ClaimParams, StepRecord};
 use trainq_queue::storage::{complete_steps, read_manifest, MANIFEST_FILE};
+use trainq_queue::{ClaimToken, GroupId};
 
 use common::db::TestDb;
 use common::s3::MotoServer;
@@ -261,6 +264,81 @@ async fn with_async_weight_syncing_the_next_batch_is_claimed_while_a_step_trains
         steps.iter().map(|s| (s.step.get(), s.groups_trained)).collect::<Vec<_>>(),
         vec![(3, 1), (2, 1), (1, 1)]
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_lost_in_the_middle_of_a_step_stops_it_before_it_trains_saves_or_uploads() {
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    // A 3 s lease: the worker's heartbeat renews it every second.
+    register(&db.pool, "m", &model_dir, tiny_config(2, LEASE_SECONDS)).await;
+    let mut ours = submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.5]], Some(0)).await;
+    ours.sort();
+    let store = work.path().join("store");
+    let store_url = format!("file://{}", store.display());
+    let resume = work.path().join("resume");
+    let resume_str = resume.to_str().unwrap().to_string();
+    let env = [(FAULT_PAUSE_AT_ENV, "train"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
+    let worker_dir = work.path().join("w");
+    let mut worker =
+        WorkerProcess::spawn(&db.url(None), "m", &store_url, None, &worker_dir, &env, &["--max-steps", "1"]);
+    // Claimed and prepared, held just before the optimizer step.
+    worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=train step=1"), START_LIMIT);
+    let lost = claim_tokens(&db.pool, &ours).await;
+    assert_eq!(lost.len(), 1, "one claim holds both groups: {lost:?}");
+
+    // Another session takes the groups: a rescuer whose clock runs an hour ahead returns them,
+    // and another worker claims them under a token of its own.
+    rescue_expired(&db.pool, Some(chrono::Utc::now() + chrono::TimeDelta::hours(1))).await.unwrap();
+    let params = ClaimParams {
+        model: "m".into(),
+        worker_id: "other".into(),
+        limit: 2,
+        lease_seconds: 600.0,
+        now: None,
+        window: None,
+    };
+    let theirs = claim_groups(&db.pool, &params).await.unwrap();
+    let mut taken: Vec<GroupId> = theirs.groups.iter().map(|g| g.id).collect();
+    taken.sort();
+    assert_eq!(taken, ours);
+
+    // The worker's next heartbeat finds its claim gone; only then is the step let go on.
+    let line = worker.wait_for_line("lease heartbeat stopped", Duration::from_secs(30));
+    assert!(line.contains("lost the claim") && line.contains(&lost[0].to_string()), "{line}");
+    std::fs::write(&resume, b"").unwrap();
+    let line = worker.wait_for_line("step abandoned", START_LIMIT);
+    assert!(line.contains("lost the claim on 2 group(s)"), "{line}");
+    assert!(line.contains(&lost[0].to_string()), "the line names the lost claim: {line}");
+
+    // Stopped: no checkpoint saved (the staging directory of step 1 is made after training), none
+    // uploaded, no step row; the groups stay with the session that took them, untouched.
+    assert!(!worker_dir.join("staging").join("000001").exists(), "the step went on to save a checkpoint");
+    let uploaded: Vec<_> = walk(&store);
+    assert!(uploaded.is_empty(), "uploaded {uploaded:?}");
+    assert_eq!(step_rows(&db.pool, "m").await, 0);
+    assert_eq!(claim_tokens(&db.pool, &ours).await, vec![theirs.token]);
+    for row in groups(&db.pool, "m").await {
+        assert_eq!((row.state.as_str(), row.attempts), ("claimed", 1), "{row:?}");
+    }
+    assert!(!worker.seen.iter().any(|l| l.contains("step committed")), "{}", worker.seen.join("\n"));
+}
+
+/// The distinct claim tokens that hold `ids` now.
+async fn claim_tokens(pool: &sqlx::PgPool, ids: &[GroupId]) -> Vec<ClaimToken> {
+    let ids: Vec<uuid::Uuid> = ids.iter().map(|g| g.0).collect();
+    sqlx::query_scalar("SELECT DISTINCT claim_token FROM trainq.groups WHERE id = ANY($1) AND claim_token IS NOT NULL")
+        .bind(ids)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// Every file under `dir` (none when it does not exist).
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries.flatten().flat_map(|e| if e.path().is_dir() { walk(&e.path()) } else { vec![e.path()] }).collect()
 }
 
 /// Step 1 as another worker recorded it (no checkpoint: the race is about the step number).

@@ -376,6 +376,84 @@ async fn long_trajectories_are_cut_or_masked_and_zero_advantage_ones_dropped_whe
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_of_unknown_policy_version_is_skipped_stale_by_default_and_trained_when_accepted() {
+    use trainq_queue::config::UnknownPolicyVersion;
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    for (name, setting) in [("default", None), ("accept", Some(UnknownPolicyVersion::Accept))] {
+        let mut cfg = tiny_config(2, 30);
+        if let Some(setting) = setting {
+            cfg.queue.unknown_policy_version = setting;
+        }
+        register(&db.pool, name, &model_dir, cfg).await;
+        let unknown = submit(&db.pool, name, &[&[0.0, 1.0]], None).await[0];
+        submit(&db.pool, name, &[&[1.0, 0.0]], Some(0)).await;
+        let store_url = format!("file://{}", work.path().join("store").display());
+        let mut opts = options(name, &store_url, Default::default(), &work.path().join(name));
+        opts.max_steps = Some(1);
+        run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
+
+        let step = &list_steps(&db.pool, name, 1).await.unwrap()[0];
+        let status = trainq_queue::db::group_status(&db.pool, unknown).await.unwrap().unwrap();
+        if setting.is_some() {
+            assert_eq!((step.groups_trained, step.groups_skipped.clone()), (2, serde_json::json!({})), "{step:?}");
+            assert_eq!((status.state.as_str(), status.step), ("trained", Some(StepNumber(1))));
+            // The unknown group is left out of the lag columns; the known one has lag 0.
+            assert_eq!((step.policy_lag_min, step.policy_lag_max), (Some(0), Some(0)));
+        } else {
+            assert_eq!((step.groups_trained, step.groups_skipped.clone()), (1, serde_json::json!({"stale": 1})));
+            assert_eq!((status.state.as_str(), status.skip_reason.as_deref()), ("skipped", Some("stale")));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cispo_with_arts_epsilons_and_a_sampler_temperature_trains_a_real_step() {
+    use trainq_queue::config::LossKind;
+    let db = TestDb::new().await;
+    let work = tempfile::tempdir().unwrap();
+    let model_dir = build_model(work.path());
+    // Sampler log-probs far from the tiny model's: importance ratios well away from 1.
+    let pre_tokenized = |reward: f64| {
+        serde_json::json!({"prompt_ids": [5, 6], "completion_ids": [7, 8, 9, 10], "logprobs": [-4.0, -0.1, -3.0, -0.2],
+                           "reward": reward})
+    };
+    let trajectories = serde_json::Value::Array(vec![pre_tokenized(0.0), pre_tokenized(1.0), pre_tokenized(0.5)]);
+    let mut ratios = Vec::new();
+    for (name, temperature) in [("t1", 1.0), ("t07", 0.7)] {
+        let mut cfg = tiny_config(1, 30);
+        // ART's CISPO defaults: ε = 1 (no lower clip on the weight) and ε_high = 4.
+        (cfg.loss.kind, cfg.loss.epsilon, cfg.loss.epsilon_high) = (LossKind::Cispo, 1.0, Some(4.0));
+        cfg.loss.sampler_temperature = temperature;
+        register(&db.pool, name, &model_dir, cfg).await;
+        let group = trainq_queue::db::NewGroup {
+            model: name.into(),
+            trajectories: trajectories.clone(),
+            policy_version: Some(0),
+            metadata: serde_json::json!({}),
+        };
+        trainq_queue::db::groups::submit_groups(&db.pool, &[group]).await.unwrap();
+        let store_url = format!("file://{}", work.path().join("store").display());
+        let mut opts = options(name, &store_url, Default::default(), &work.path().join(name));
+        opts.max_steps = Some(1);
+        let summary = run_worker(&db.pool, &opts, CancellationToken::new()).await.unwrap();
+        assert_eq!(summary.steps.len(), 1, "{name}");
+
+        let step = &list_steps(&db.pool, name, 1).await.unwrap()[0];
+        assert_eq!((step.groups_trained, step.trajectories, step.tokens), (1, 3, 12), "{name}: {step:?}");
+        assert!(step.loss.is_some_and(f64::is_finite), "{name}: {step:?}");
+        assert!(step.grad_norm.is_some_and(|g| g.is_finite() && g > 0.0), "{name}: {step:?}");
+        let clipped = step.loss_parts["clip_fraction"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&clipped), "{name}: {step:?}");
+        ratios.push(step.importance_ratio_mean.unwrap());
+    }
+    // The trainer divides its logits by the sampler's temperature before comparing log-probs.
+    assert!(ratios.iter().all(|r| r.is_finite() && *r > 0.0), "{ratios:?}");
+    assert!((ratios[0] - ratios[1]).abs() > 1e-6, "the temperature changes the ratio: {ratios:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_refuses_to_start_when_retention_would_delete_checkpoints_producers_sample_from() {
     let db = TestDb::new().await;
     let work = tempfile::tempdir().unwrap();

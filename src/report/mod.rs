@@ -1,8 +1,10 @@
 //! `trainq report`: one self-contained HTML page (and an SVG file per chart) of a model's run,
-//! drawn from `trainq.steps`: rewards, loss and its parts, KL, clip fraction, importance ratio,
-//! grad norm, tokens/s, policy lag, groups trained and skipped by reason, and step time by
-//! phase. Long runs are bucketed into at most [`DEFAULT_MAX_POINTS`] points per line with a
-//! min–max band, so 10 steps and 100,000 steps read the same way.
+//! drawn from `trainq.steps` and `trainq.skipped_passes`: rewards (of the trained groups, of
+//! every claimed group, of the skipped ones, and of the passes where every group was skipped),
+//! loss and its parts, KL, clip fraction, importance ratio, grad norm, tokens/s, policy lag,
+//! groups trained and skipped by reason, skipped passes, and step time by phase. Long runs are
+//! bucketed into at most [`DEFAULT_MAX_POINTS`] points per line with a min–max band, so 10
+//! steps and 100,000 steps read the same way.
 
 pub mod chart;
 pub mod series;
@@ -10,7 +12,7 @@ pub mod series;
 use std::fmt::Write;
 
 use serde_json::Value;
-use trainq_queue::db::StepRecord;
+use trainq_queue::db::{SkippedPass, StepRecord};
 
 pub use chart::{escape, line_chart, Chart};
 pub use series::{downsample, Bucket, Series, DEFAULT_MAX_POINTS};
@@ -59,6 +61,40 @@ fn series(name: &str, steps: &[StepRecord], value: impl Fn(&StepRecord) -> Optio
     Series::new(name, steps.iter().map(|s| (s.step.0, value(s))))
 }
 
+/// Where a skipped pass sits on the step axis: the step it did not take.
+fn pass_step(pass: &SkippedPass) -> i64 {
+    pass.current_step + 1
+}
+
+/// Skipped passes (ascending) folded per step axis position: `value` of the passes at each
+/// position combined by `fold` (e.g. their count, or their mean).
+fn pass_series(
+    name: &str,
+    passes: &[SkippedPass],
+    value: impl Fn(&SkippedPass) -> Option<f64>,
+    fold: fn(&[f64]) -> f64,
+) -> Series {
+    let mut points: Vec<(i64, Vec<f64>)> = Vec::new();
+    for pass in passes {
+        let at = pass_step(pass);
+        if points.last().is_none_or(|(step, _)| *step != at) {
+            points.push((at, Vec::new()));
+        }
+        if let (Some(v), Some((_, values))) = (value(pass), points.last_mut()) {
+            values.push(v);
+        }
+    }
+    Series::new(name, points.into_iter().map(|(step, values)| (step, (!values.is_empty()).then(|| fold(&values)))))
+}
+
+fn sum(values: &[f64]) -> f64 {
+    values.iter().sum()
+}
+
+fn mean(values: &[f64]) -> f64 {
+    sum(values) / values.len() as f64
+}
+
 /// Tokens per second of training: the step's tokens over its `train` phase, or over the whole
 /// step when the phase is not recorded.
 pub fn tokens_per_second(s: &StepRecord) -> Option<f64> {
@@ -67,7 +103,7 @@ pub fn tokens_per_second(s: &StepRecord) -> Option<f64> {
     (seconds > 0.0).then(|| s.tokens as f64 / seconds)
 }
 
-fn specs(steps: &[StepRecord]) -> Vec<ChartSpec> {
+fn specs(steps: &[StepRecord], passes: &[SkippedPass]) -> Vec<ChartSpec> {
     let part = |key: &'static str| move |s: &StepRecord| number_in(&s.loss_parts, key);
     let skipped: Vec<Series> = keys_of(steps, |s| &s.groups_skipped)
         .iter()
@@ -86,11 +122,14 @@ fn specs(steps: &[StepRecord]) -> Vec<ChartSpec> {
     vec![
         spec(
             "reward",
-            "Reward",
+            "Reward (mean per trajectory; skipped passes at the step they did not take)",
             "reward",
             vec![
-                series("mean", steps, |s| s.reward_mean),
-                series("mean within-group std", steps, |s| s.reward_std_mean),
+                series("trained groups", steps, |s| s.reward_mean),
+                series("all claimed", steps, |s| s.reward_mean_claimed),
+                series("skipped groups", steps, |s| s.reward_mean_skipped),
+                pass_series("skipped passes", passes, |p| p.reward_mean_claimed, mean),
+                series("within-group std", steps, |s| s.reward_std_mean),
             ],
             false,
         ),
@@ -132,7 +171,7 @@ fn specs(steps: &[StepRecord]) -> Vec<ChartSpec> {
         ),
         spec(
             "policy_lag",
-            "Policy lag (step − policy_version)",
+            "Policy lag (current_step − policy_version; current_step = step − 1)",
             "steps",
             vec![
                 series("min", steps, |s| s.policy_lag_min.map(|v| v as f64)),
@@ -141,19 +180,31 @@ fn specs(steps: &[StepRecord]) -> Vec<ChartSpec> {
             true,
         ),
         spec("groups", "Groups per step", "groups", groups, true),
+        spec(
+            "skipped_passes",
+            "Skipped passes (every claimed group skipped, no step taken)",
+            "passes",
+            vec![
+                pass_series("passes", passes, |_| Some(1.0), sum),
+                pass_series("groups in them", passes, |p| Some(p.groups_claimed as f64), sum),
+            ],
+            true,
+        ),
         spec("step_time", "Step time by phase", "seconds", phases, true),
         spec("learning_rate", "Learning rate", "lr", vec![series("lr", steps, |s| s.learning_rate)], true),
     ]
 }
 
-/// Renders the report of `model` from its steps (ascending), drawing at most `max_points`
-/// points per line.
-pub fn render_report(model: &str, steps: &[StepRecord], max_points: usize) -> ReportPage {
-    let range = match (steps.first(), steps.last()) {
-        (Some(a), Some(b)) => (a.step.0, b.step.0),
+/// Renders the report of `model` from its steps and its skipped passes (both ascending),
+/// drawing at most `max_points` points per line. A skipped pass is drawn at the step it did not
+/// take (`current_step + 1`).
+pub fn render_report(model: &str, steps: &[StepRecord], passes: &[SkippedPass], max_points: usize) -> ReportPage {
+    let at = steps.iter().map(|s| s.step.0).chain(passes.iter().map(pass_step));
+    let range = match (at.clone().min(), at.max()) {
+        (Some(a), Some(b)) => (a, b),
         _ => (0, 0),
     };
-    let charts: Vec<(String, String)> = specs(steps)
+    let charts: Vec<(String, String)> = specs(steps, passes)
         .into_iter()
         .map(|spec| {
             let chart = Chart {
@@ -167,11 +218,17 @@ pub fn render_report(model: &str, steps: &[StepRecord], max_points: usize) -> Re
             (format!("{}.svg", spec.file), line_chart(&chart))
         })
         .collect();
-    let html = page(model, steps, &charts, max_points);
+    let html = page(model, steps, passes, &charts, max_points);
     ReportPage { html, charts }
 }
 
-fn page(model: &str, steps: &[StepRecord], charts: &[(String, String)], max_points: usize) -> String {
+fn page(
+    model: &str,
+    steps: &[StepRecord],
+    passes: &[SkippedPass],
+    charts: &[(String, String)],
+    max_points: usize,
+) -> String {
     let mut html = String::new();
     let title = format!("trainq report: {}", escape(model));
     let _ = write!(
@@ -184,7 +241,7 @@ fn page(model: &str, steps: &[StepRecord], charts: &[(String, String)], max_poin
          figure{{margin:0;background:white;border:1px solid #ddd;border-radius:4px;padding:4px}} svg{{width:100%;height:auto}}\
          </style></head><body>\n<h1>{title}</h1>\n"
     );
-    summary(&mut html, steps);
+    summary(&mut html, steps, passes);
     let bucketed = steps.len() > max_points;
     let note = if bucketed {
         format!(
@@ -204,9 +261,12 @@ fn page(model: &str, steps: &[StepRecord], charts: &[(String, String)], max_poin
     html
 }
 
-fn summary(html: &mut String, steps: &[StepRecord]) {
+fn summary(html: &mut String, steps: &[StepRecord], passes: &[SkippedPass]) {
+    let skipped_passes = skipped_passes_text(passes);
     let (Some(first), Some(last)) = (steps.first(), steps.last()) else {
         html.push_str("<p>No steps recorded yet.</p>\n");
+        let _ =
+            writeln!(html, "<table>\n<tr><td>skipped passes</td><td>{}</td></tr>\n</table>", escape(&skipped_passes));
         return;
     };
     let trained: i64 = steps.iter().map(|s| s.groups_trained as i64).sum();
@@ -219,7 +279,8 @@ fn summary(html: &mut String, steps: &[StepRecord]) {
             "time",
             format!("{} – {}", first.started_at.format("%Y-%m-%d %H:%M"), last.finished_at.format("%Y-%m-%d %H:%M")),
         ),
-        ("groups", format!("{trained} trained of {claimed} claimed")),
+        ("groups", format!("{trained} trained of {claimed} claimed in steps")),
+        ("skipped passes", skipped_passes),
         ("tokens trained", tokens.to_string()),
         ("last reward mean", reward),
         ("async weight syncing", last.async_weight_syncing.to_string()),
@@ -230,6 +291,13 @@ fn summary(html: &mut String, steps: &[StepRecord]) {
         let _ = writeln!(html, "<tr><td>{key}</td><td>{}</td></tr>", escape(&value));
     }
     html.push_str("</table>\n");
+}
+
+/// "3 (24 groups, every one skipped; the last before step 7)", or "none".
+fn skipped_passes_text(passes: &[SkippedPass]) -> String {
+    let Some(last) = passes.last() else { return "none".into() };
+    let groups: i64 = passes.iter().map(|p| p.groups_claimed as i64).sum();
+    format!("{} ({groups} groups, every one skipped; the last before step {})", passes.len(), pass_step(last))
 }
 
 #[cfg(test)]
@@ -280,7 +348,7 @@ mod tests {
     #[test]
     fn every_metric_gets_its_chart_and_every_skip_reason_and_phase_a_line() {
         let steps: Vec<StepRecord> = (1..=10).map(step).collect();
-        let page = render_report("m <1>", &steps, DEFAULT_MAX_POINTS);
+        let page = render_report("m <1>", &steps, &[], DEFAULT_MAX_POINTS);
         let files: Vec<&str> = page.charts.iter().map(|(f, _)| f.as_str()).collect();
         for expected in
             ["reward.svg", "loss.svg", "kl.svg", "clip_fraction.svg", "importance_ratio.svg", "grad_norm.svg"]
@@ -296,6 +364,57 @@ mod tests {
         assert!(!page.html.contains("<script") && !page.html.contains("src=") && !page.html.contains("href="));
     }
 
+    fn pass(current_step: i64, groups: i32, reward: f64) -> SkippedPass {
+        SkippedPass {
+            model: "m".into(),
+            current_step,
+            worker_id: "w".into(),
+            started_at: Utc::now(),
+            groups_claimed: groups,
+            groups_skipped: json!({"zero_variance": groups}),
+            reward_mean_claimed: Some(reward),
+            reward_std_mean: Some(0.0),
+        }
+    }
+
+    /// The points of the `index`-th polyline of `svg` (series are drawn in legend order).
+    fn points_of(svg: &str, index: usize) -> Vec<&str> {
+        let line = svg.split("<polyline").nth(index + 1).unwrap().split("points=\"").nth(1).unwrap();
+        line.split('"').next().unwrap().split(' ').collect()
+    }
+
+    #[test]
+    fn rewards_of_claimed_and_skipped_groups_and_skipped_passes_are_drawn_beside_the_trained_ones() {
+        let mut steps: Vec<StepRecord> = (1..=3).map(step).collect();
+        for s in &mut steps {
+            (s.reward_mean_claimed, s.reward_mean_skipped) = (Some(0.8), Some(1.0));
+        }
+        // Two passes before step 4 (after step 3 was committed), one more before step 5.
+        let passes = [pass(3, 8, 1.0), pass(3, 4, 0.5), pass(4, 8, 1.0)];
+        let page = render_report("m", &steps, &passes, DEFAULT_MAX_POINTS);
+        let reward = &page.charts.iter().find(|(f, _)| f == "reward.svg").unwrap().1;
+        for name in ["trained groups", "all claimed", "skipped groups", "skipped passes", "within-group std"] {
+            assert!(reward.contains(&format!(">{name}<")), "{name} in {reward}");
+        }
+        assert_eq!(points_of(reward, 1).len(), 3, "claimed-groups mean: one point per step");
+        assert_eq!(points_of(reward, 3).len(), 2, "passes: one point per step not taken");
+        let chart = &page.charts.iter().find(|(f, _)| f == "skipped_passes.svg").unwrap().1;
+        assert!(chart.contains(">passes<") && chart.contains(">groups in them<"));
+        assert!(!chart.contains("no data"));
+        assert!(page.html.contains("3 (20 groups, every one skipped; the last before step 5)"), "{}", page.html);
+        let lag = &page.charts.iter().find(|(f, _)| f == "policy_lag.svg").unwrap().1;
+        assert!(lag.contains("current_step − policy_version"), "the documented lag, not step − policy_version");
+    }
+
+    #[test]
+    fn a_run_of_only_skipped_passes_still_shows_them() {
+        let page = render_report("m", &[], &[pass(0, 8, 1.0)], DEFAULT_MAX_POINTS);
+        assert!(page.html.contains("No steps recorded yet"));
+        assert!(page.html.contains("1 (8 groups, every one skipped; the last before step 1)"));
+        let chart = &page.charts.iter().find(|(f, _)| f == "skipped_passes.svg").unwrap().1;
+        assert!(!chart.contains("no data"));
+    }
+
     #[test]
     fn tokens_per_second_use_the_train_phase() {
         assert_eq!(tokens_per_second(&step(1)), Some(1000.0 / 1.5));
@@ -303,8 +422,8 @@ mod tests {
 
     #[test]
     fn an_empty_run_still_renders() {
-        let page = render_report("m", &[], DEFAULT_MAX_POINTS);
-        assert!(page.html.contains("No steps recorded yet"));
+        let page = render_report("m", &[], &[], DEFAULT_MAX_POINTS);
+        assert!(page.html.contains("No steps recorded yet") && page.html.contains("skipped passes</td><td>none"));
         assert!(page.charts.iter().all(|(_, svg)| svg.contains("no data")));
     }
 }

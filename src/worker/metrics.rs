@@ -1,7 +1,8 @@
-//! The worker's Prometheus endpoint (`--metrics-addr`, off by default): steps committed, step
-//! phase durations, tokens/s and GPU memory from this process, and — read from the database at
-//! each scrape, the same numbers `trainq status` prints — groups by state and skip reason,
-//! queue depth and the oldest pending group's age of the model.
+//! The worker's Prometheus endpoint (`--metrics-addr`, off by default): steps committed, skipped
+//! passes, step phase durations, tokens/s and GPU memory from this process, and — read from the
+//! database at each scrape, the same numbers `trainq status` prints — groups by state and skip
+//! reason, skipped passes of every worker, queue depth and the oldest pending group's age of
+//! the model.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use trainq_queue::db::skipped_passes::count_skipped_passes;
 use trainq_queue::db::{queue_counts, StepRecord};
 
 use crate::report::tokens_per_second;
@@ -25,6 +27,7 @@ pub struct WorkerMetrics {
     model: String,
     devices: Vec<String>,
     steps: IntCounterVec,
+    skipped_passes: IntCounterVec,
     groups_in_steps: IntCounterVec,
     phase_seconds: HistogramVec,
     tokens_per_second: GaugeVec,
@@ -32,6 +35,7 @@ pub struct WorkerMetrics {
     skipped_groups: IntGaugeVec,
     oldest_pending: GaugeVec,
     current_step: IntGaugeVec,
+    model_skipped_passes: IntGaugeVec,
     gpu_memory_used: IntGaugeVec,
     gpu_memory_total: IntGaugeVec,
 }
@@ -60,6 +64,11 @@ impl WorkerMetrics {
             model: model.to_string(),
             devices,
             steps: counter("trainq_steps_total", "Steps committed by this worker", &["model"]),
+            skipped_passes: counter(
+                "trainq_skipped_passes_total",
+                "Passes of this worker whose claimed groups were all skipped, so no step was taken",
+                &["model"],
+            ),
             groups_in_steps: counter(
                 "trainq_step_groups_total",
                 "Groups in this worker's committed steps, by outcome (trained, or skipped with its reason)",
@@ -83,6 +92,11 @@ impl WorkerMetrics {
                 &["model"],
             ),
             current_step: int_gauge("trainq_model_step", "The model's current step (database)", &["model"]),
+            model_skipped_passes: int_gauge(
+                "trainq_model_skipped_passes",
+                "Skipped passes of the model, every worker (database: trainq.skipped_passes)",
+                &["model"],
+            ),
             gpu_memory_used: int_gauge(
                 "trainq_gpu_memory_used_bytes",
                 "GPU memory in use on the device (driver view)",
@@ -112,9 +126,15 @@ impl WorkerMetrics {
         }
     }
 
+    /// Counts a pass whose claimed groups were all skipped (no step; a `trainq.skipped_passes` row).
+    pub fn observe_skipped_pass(&self) {
+        self.skipped_passes.with_label_values(&[self.model.as_str()]).inc();
+    }
+
     /// Re-reads the model's queue from the database (what `trainq status` shows).
     pub async fn refresh_queue(&self, pool: &PgPool) -> Result<()> {
         let model = self.model.as_str();
+        self.model_skipped_passes.with_label_values(&[model]).set(count_skipped_passes(pool, model).await?);
         for counts in queue_counts(pool, Some(model)).await? {
             for (state, n) in [
                 ("pending", counts.pending),
@@ -262,9 +282,11 @@ mod tests {
             importance_ratio_mean: None,
         };
         metrics.observe_step(&record);
+        metrics.observe_skipped_pass();
         metrics.refresh_gpu_memory();
         let text = metrics.encode();
         assert!(text.contains("trainq_steps_total{model=\"m\"} 1"), "{text}");
+        assert!(text.contains("trainq_skipped_passes_total{model=\"m\"} 1"), "{text}");
         assert!(text.contains("trainq_step_groups_total{model=\"m\",outcome=\"skipped_zero_variance\"} 2"));
         assert!(text.contains("trainq_step_groups_total{model=\"m\",outcome=\"trained\"} 5"));
         assert!(text.contains("trainq_step_phase_seconds_count{model=\"m\",phase=\"train\"} 1"));

@@ -1,11 +1,11 @@
 //! The daemon loop: claim, filter, train, checkpoint, commit; graceful shutdown.
 //!
 //! [`run_worker`] loads the base model (and the latest committed checkpoint, to resume), then
-//! repeats [`step`]s: assemble a batch (wait, woken by LISTEN with a poll fallback, until
+//! repeats steps (`step.rs`): assemble a batch (wait, woken by LISTEN with a poll fallback, until
 //! `groups_per_step` eligible groups are pending or the oldest has waited `max_batch_wait_seconds`),
 //! claim it, drop the groups with nothing to learn, train on the engine thread while heartbeats
 //! keep the lease, upload the checkpoint, and commit the step fenced on the claim token. With
-//! async weight syncing these overlap across steps ([`pipeline`]).
+//! async weight syncing these overlap across steps (`pipeline.rs`).
 
 #[doc(hidden)]
 pub mod fault_hook;

@@ -179,7 +179,10 @@ impl<'c, 'a> Pipeline<'c, 'a> {
             Some(Next::Pass(Claimed::Done(outcome))) => {
                 self.idle_since = Instant::now();
                 match outcome {
-                    StepOutcome::AllSkipped { .. } => self.summary.all_skipped_passes += 1,
+                    StepOutcome::AllSkipped { .. } => {
+                        self.summary.all_skipped_passes += 1;
+                        self.metrics.iter().for_each(|m| m.observe_skipped_pass());
+                    }
                     _abandoned => self.summary.abandoned += 1,
                 }
             }

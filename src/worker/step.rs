@@ -437,7 +437,7 @@ pub(crate) async fn give_back_saved(ctx: &StepContext<'_>, saved: SavedStep) -> 
 /// previous step is not the groups' fault: no attempt is counted. A lost claim has nothing left.
 async fn give_back(ctx: &StepContext<'_>, claim: &Claim, err: Error) -> StepOutcome {
     let reason = err.to_string();
-    tracing::warn!(model = %ctx.opts.model, "step abandoned: {reason}");
+    tracing::warn!(model = %ctx.opts.model, claim = %claim.token, "step abandoned: {reason}");
     let ids: Vec<_> = claim.groups.iter().map(|g| g.id).collect();
     let released = match &err {
         Error::Shutdown

@@ -18,7 +18,7 @@ use trainq_queue::config::{LoraConfig, TrainConfig};
 pub(crate) enum BenchCommand {
     /// Training throughput on a random-weight Qwen3 shape.
     Train(TrainBenchArgs),
-    /// bf16 on CUDA against f32 on the CPU (log-probs, loss, gradients) and checkpointing on CUDA.
+    /// bf16 on CUDA against f32 on the CPU (log-probs, loss, gradients) and activation checkpointing on CUDA.
     Check(super::bench_check::CheckArgs),
     /// Stream agent-like groups (multi-turn, tool calls, sampler ids and log-probs) into a
     /// model's queue while a worker trains (end-to-end runs).

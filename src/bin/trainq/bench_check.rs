@@ -20,7 +20,7 @@ use super::bench::{random_batch, shape_config};
 const LOGPROB_MEAN_TOLERANCE: f64 = 2e-2;
 /// Loss difference allowed between bf16 CUDA and f32 CPU (the loss is a mean of O(1) terms).
 const LOSS_ABS_TOLERANCE: f64 = 2e-2;
-/// Smallest cosine similarity of the flattened gradients (bf16 vs f32; checkpointing vs not).
+/// Smallest cosine similarity of the flattened gradients (bf16 vs f32; activation checkpointing vs not).
 const GRAD_COSINE_MIN: f64 = 0.99;
 /// Largest |Δ parameter| between the fused AdamW kernel and the tensor-op path after three
 /// steps, relative to the largest parameter: f32 (float rounding) and bf16 (one rounding step).
@@ -189,8 +189,8 @@ fn packed_batch(micro: i64, seq: i64, vocab: i64) -> MicroBatch {
 }
 
 /// Log-probs (on the CPU, f32), loss and the flattened f32 gradient of one accumulation.
-fn measure(policy: &mut Policy, batch: &MicroBatch, checkpointing: bool) -> Result<(Tensor, f64, Tensor)> {
-    policy.set_activation_checkpointing(checkpointing);
+fn measure(policy: &mut Policy, batch: &MicroBatch, activation_checkpointing: bool) -> Result<(Tensor, f64, Tensor)> {
+    policy.set_activation_checkpointing(activation_checkpointing);
     let device = policy.device();
     let trainer = Trainer::new(&TrainConfig::default(), device);
     let t = to_tensors(batch, device)?;

@@ -48,18 +48,20 @@ fn age_text(seconds: Option<f64>) -> String {
     }
 }
 
-/// Prints queue depth per model and the workers with their last heartbeat.
+/// Prints queue depth per model (with its skipped passes: claims whose groups were all skipped,
+/// so no step was taken) and the workers with their last heartbeat.
 pub(crate) fn run_status(args: StatusArgs) -> Result<()> {
     block_on(async move {
         let pool = args.db.connect(2).await?;
         let counts = db::queue_counts(&pool, args.model.as_deref()).await?;
         println!(
-            "{:<20} {:>6} {:>8} {:>8} {:>8} {:>6}  {:<12} SKIPPED",
-            "MODEL", "STEP", "PENDING", "CLAIMED", "TRAINED", "FAILED", "OLDEST"
+            "{:<20} {:>6} {:>8} {:>8} {:>8} {:>6}  {:<12} {:>14}  SKIPPED",
+            "MODEL", "STEP", "PENDING", "CLAIMED", "TRAINED", "FAILED", "OLDEST", "SKIPPED_PASSES"
         );
         for c in &counts {
+            let passes = db::skipped_passes::count_skipped_passes(&pool, &c.model).await?;
             println!(
-                "{:<20} {:>6} {:>8} {:>8} {:>8} {:>6}  {:<12} {}",
+                "{:<20} {:>6} {:>8} {:>8} {:>8} {:>6}  {:<12} {:>14}  {}",
                 c.model,
                 c.current_step,
                 c.pending,
@@ -67,6 +69,7 @@ pub(crate) fn run_status(args: StatusArgs) -> Result<()> {
                 c.trained,
                 c.failed,
                 age_text(c.oldest_pending_seconds),
+                passes,
                 skipped_text(c)
             );
         }

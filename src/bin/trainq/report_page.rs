@@ -1,4 +1,5 @@
-//! `trainq report MODEL [--out DIR]`: the run's charts as one HTML page and SVG files.
+//! `trainq report MODEL [--out DIR]`: the run's charts (its steps and skipped passes) as one HTML
+//! page and SVG files.
 
 use std::path::PathBuf;
 
@@ -29,7 +30,9 @@ pub(crate) fn run(args: ReportArgs) -> Result<()> {
         let pool = args.db.connect(2).await?;
         db::get_model(&pool, &args.model).await?;
         let steps = db::all_steps(&pool, &args.model).await?;
-        let page = render_report(&args.model, &steps, args.max_points.max(2));
+        let mut passes = db::list_skipped_passes(&pool, &args.model, i64::MAX).await?;
+        passes.reverse(); // oldest first, like the steps
+        let page = render_report(&args.model, &steps, &passes, args.max_points.max(2));
         std::fs::create_dir_all(&args.out).with_context(|| format!("create {}", args.out.display()))?;
         for (file, svg) in &page.charts {
             let path = args.out.join(file);
@@ -37,7 +40,14 @@ pub(crate) fn run(args: ReportArgs) -> Result<()> {
         }
         let index = args.out.join("index.html");
         std::fs::write(&index, &page.html).with_context(|| format!("write {}", index.display()))?;
-        println!("{} steps of {} → {} ({} charts)", steps.len(), args.model, index.display(), page.charts.len());
+        println!(
+            "{} steps and {} skipped passes of {} → {} ({} charts)",
+            steps.len(),
+            passes.len(),
+            args.model,
+            index.display(),
+            page.charts.len()
+        );
         Ok(())
     })
 }

@@ -1,5 +1,5 @@
-//! NCCL through cudarc's bindings, loaded at run time (CPU builds never touch it). The only
-//! `unsafe` code in trainq lives here: raw device pointers of tch tensors handed to NCCL.
+//! NCCL through cudarc's bindings, loaded at run time (CPU builds never touch it). One of the
+//! few modules allowed `unsafe`: raw device pointers of tch tensors handed to NCCL.
 #![allow(unsafe_code)]
 
 use cudarc::nccl::{result, sys};
@@ -9,7 +9,7 @@ use super::Collective;
 use crate::error::{Error, Result};
 
 /// The 128-byte id that every rank of one NCCL group must share (rank 0 makes it, the others
-/// receive it — trainq passes it through PostgreSQL).
+/// receive it — the rank threads of one host pass it along in memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NcclUniqueId(pub [u8; 128]);
 
@@ -18,18 +18,6 @@ impl NcclUniqueId {
     pub fn new() -> Result<Self> {
         let id = result::get_uniqueid().map_err(|e| Error::Collective(format!("ncclGetUniqueId: {e:?}")))?;
         Ok(Self(id.internal.map(|c| c as u8)))
-    }
-
-    /// Lower-case hex, for storing in the database.
-    pub fn to_hex(&self) -> String {
-        hex::encode(self.0)
-    }
-
-    /// Parses the hex form.
-    pub fn from_hex(text: &str) -> Result<Self> {
-        let bytes = hex::decode(text).map_err(|e| Error::Collective(format!("nccl id: {e}")))?;
-        let arr: [u8; 128] = bytes.try_into().map_err(|_| Error::Collective("nccl id: expected 128 bytes".into()))?;
-        Ok(Self(arr))
     }
 }
 

@@ -10,7 +10,7 @@
 //!   gradient with respect to `h` is `g` times the upstream gradient of each token;
 //! - when `lm_head` itself trains (full fine-tune), `p` is kept and a zero "probe" added to the
 //!   log-probs records each token's upstream gradient `c = dL/dlp` during the loss backward;
-//!   [`PendingLmHeadGrad::apply`] (from `Policy::finish_backward`) then forms
+//!   `PendingLmHeadGrad::apply` (from `Policy::finish_backward`) then forms
 //!   `dW = Σ_chunks (c · (onehot(y) − p))ᵀ h` and accumulates it into `lm_head`'s gradient.
 //!
 //! Compared with autograd through `log_softmax`, nothing of size (tokens × vocab) is kept in

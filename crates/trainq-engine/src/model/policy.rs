@@ -29,13 +29,13 @@ pub struct Policy {
     lora: Option<LoraConfig>,
     lora_enabled: Arc<AtomicBool>,
     kind: Kind,
-    checkpointing: bool,
-    /// With checkpointing, the saved layer inputs live in pinned host memory.
-    offloading: bool,
+    activation_checkpointing: bool,
+    /// With activation checkpointing, the saved layer inputs live in pinned host memory.
+    activation_offloading: bool,
     packed_attention: PackedAttention,
     /// Logits are divided by this before the softmax (the sampler's temperature; 1 = none).
     temperature: f64,
-    /// The last checkpointed forward's activations and whether LoRA was on, until
+    /// The last activation-checkpointed forward's activations and whether LoRA was on, until
     /// [`Policy::finish_backward`].
     saved: Mutex<Option<(SavedActivations, bool)>>,
     /// The last forward's deferred `lm_head` gradient (full fine-tune), until
@@ -97,7 +97,7 @@ impl Policy {
 
     /// Whether activation offloading is on.
     pub fn activation_offloading(&self) -> bool {
-        self.offloading
+        self.activation_offloading
     }
 
     /// [`Policy::load`] with an explicit dtype (e.g. f32 on CUDA for parity checks).
@@ -145,8 +145,8 @@ impl Policy {
             lora: lora.cloned(),
             lora_enabled,
             kind,
-            checkpointing: false,
-            offloading: false,
+            activation_checkpointing: false,
+            activation_offloading: false,
             packed_attention: PackedAttention::default(),
             temperature: 1.0,
             saved,
@@ -193,9 +193,9 @@ impl Policy {
         }
         let run = || -> TchResult<Tensor> {
             let layout = DocumentLayout::of(position_ids, segments, self.packed_attention, self.kind)?;
-            let hidden = if self.checkpointing && grad_mode_enabled() {
+            let hidden = if self.activation_checkpointing && grad_mode_enabled() {
                 let (hidden, saved) =
-                    self.lm.hidden_states_checkpointed(input_ids, position_ids, layout, self.offloading)?;
+                    self.lm.hidden_states_checkpointed(input_ids, position_ids, layout, self.activation_offloading)?;
                 *self.saved.lock().unwrap_or_else(|e| e.into_inner()) = Some((saved, self.lora_enabled()));
                 hidden
             } else {
@@ -261,7 +261,7 @@ impl Policy {
     /// only each decoder layer's input, and [`Policy::finish_backward`] must follow the loss
     /// backward to recompute the layers and complete the gradients.
     pub fn set_activation_checkpointing(&mut self, enabled: bool) {
-        self.checkpointing = enabled;
+        self.activation_checkpointing = enabled;
         if !enabled {
             *self.saved.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
         }
@@ -271,7 +271,7 @@ impl Policy {
     /// to pinned host memory during the forward and come back a layer ahead of the backward
     /// walk, on a side stream (see `model::offload`). No effect without checkpointing.
     pub fn set_activation_offloading(&mut self, enabled: bool) {
-        self.offloading = enabled;
+        self.activation_offloading = enabled;
     }
 
     /// How rows holding several documents attend: per document segment (the default) or through
@@ -282,7 +282,7 @@ impl Policy {
 
     /// Whether activation checkpointing is on.
     pub fn activation_checkpointing(&self) -> bool {
-        self.checkpointing
+        self.activation_checkpointing
     }
 
     /// Must follow `loss.backward()` of every forward with autograd: adds `lm_head`'s gradient

@@ -5,7 +5,7 @@
 //! `no_grad` as `torch.optim.AdamW` (single-tensor path) computes it:
 //! `p ← p·(1 − lr·wd)`, `m ← lerp(m, g, 1−β1)`, `v ← lerp(v, g², 1−β2)`,
 //! `p ← p − lr/(1−β1^t) · m / (√v/√(1−β2^t) + eps)` — but on flat buffers
-//! ([`super::flat_params`]): the parameters are moved into one buffer per dtype/device group on
+//! (`flat_params`): the parameters are moved into one buffer per dtype/device group on
 //! the first step, so one update is ~15 kernels per group rather than ~10 per tensor. Moments
 //! are kept in f32 whatever the parameter's dtype, and are exposed per parameter for checkpoints.
 //!

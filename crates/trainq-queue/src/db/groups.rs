@@ -31,7 +31,7 @@ fn empty_object() -> serde_json::Value {
 }
 
 /// Submits one group through `trainq.submit_group` and returns its id. Bad input fails with the
-/// database's `TQ…` SQLSTATE and message (see [`super::sqlstate`]).
+/// database's `TQ…` SQLSTATE and message (see `db::sqlstate`).
 pub async fn submit_group(pool: &PgPool, group: &NewGroup) -> Result<GroupId> {
     submit_on(pool, group).await.map_err(Error::db(format!("submit group to model {:?}", group.model)))
 }

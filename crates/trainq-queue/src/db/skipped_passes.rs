@@ -72,3 +72,12 @@ pub async fn list_skipped_passes(pool: &PgPool, model: &str, limit: i64) -> Resu
     .await
     .map_err(Error::db(format!("list skipped passes of model {model:?}")))
 }
+
+/// How many skipped passes `model` has recorded (every worker).
+pub async fn count_skipped_passes(pool: &PgPool, model: &str) -> Result<i64> {
+    sqlx::query_scalar("SELECT count(*) FROM trainq.skipped_passes WHERE model = $1")
+        .bind(model)
+        .fetch_one(pool)
+        .await
+        .map_err(Error::db(format!("count skipped passes of model {model:?}")))
+}

@@ -20,7 +20,7 @@ use crate::ids::StepNumber;
 /// How a checkpoint is fetched.
 #[derive(Debug, Clone)]
 pub struct FetchOptions {
-    /// Files downloaded at once. Default [`DEFAULT_FILES_IN_FLIGHT`].
+    /// Files downloaded at once. Default `DEFAULT_FILES_IN_FLIGHT`.
     pub files_in_flight: usize,
     /// Whole-file retries (a cut stream, a checksum mismatch) on top of per-request retries.
     pub retry: FileRetry,

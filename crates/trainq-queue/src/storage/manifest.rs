@@ -47,7 +47,7 @@ pub struct ManifestFile {
 /// The content of `manifest.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// Layout version ([`MANIFEST_VERSION`]).
+    /// Layout version (`MANIFEST_VERSION`).
     pub version: u32,
     /// The model the checkpoint belongs to.
     pub model: String,

@@ -20,10 +20,10 @@ pub const DEFAULT_KEEP_EVERY: u64 = 100;
 #[serde(default, deny_unknown_fields)]
 pub struct RetentionPolicy {
     /// The newest this many whole checkpoints are kept. At least 1 is always kept. Default
-    /// [`DEFAULT_KEEP_LAST`].
+    /// `DEFAULT_KEEP_LAST`.
     pub keep_last: usize,
     /// Steps divisible by this are kept forever; 0 keeps none that way. Default
-    /// [`DEFAULT_KEEP_EVERY`].
+    /// `DEFAULT_KEEP_EVERY`.
     pub keep_every: u64,
 }
 

@@ -44,7 +44,7 @@ pub struct StoreOptions {
     /// An unknown key is an error.
     pub config: Vec<(String, String)>,
     /// Retries of single requests (connect errors, 5xx, timeouts of idempotent requests) with
-    /// exponential backoff. Defaults: [`DEFAULT_MAX_RETRIES`] within [`DEFAULT_RETRY_TIMEOUT`],
+    /// exponential backoff. Defaults: `DEFAULT_MAX_RETRIES` within `DEFAULT_RETRY_TIMEOUT`,
     /// backoff from 100 ms doubling up to 15 s.
     pub retry: RetryConfig,
     /// Read the backend's usual environment variables (`AWS_*`, …) first. Default true.

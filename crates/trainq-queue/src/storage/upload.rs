@@ -40,7 +40,7 @@ pub struct UploadOptions {
     pub part_size: usize,
     /// Parts of one file uploaded at once. Default [`DEFAULT_PARTS_IN_FLIGHT`].
     pub parts_in_flight: usize,
-    /// Files uploaded at once. Default [`DEFAULT_FILES_IN_FLIGHT`].
+    /// Files uploaded at once. Default `DEFAULT_FILES_IN_FLIGHT`.
     pub files_in_flight: usize,
     /// Whole-file retries on top of the store's per-request retries.
     pub retry: FileRetry,
