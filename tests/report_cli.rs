@@ -123,7 +123,13 @@ async fn a_short_and_a_long_run_render_as_html_and_svg_that_a_browser_draws() {
     let Some(chromium) =
         ["chromium", "chromium-browser"].into_iter().find(|c| Command::new(c).arg("--version").output().is_ok())
     else {
-        eprintln!("no chromium on PATH: the browser check is skipped (ops/report-screenshot.sh does it too)");
+        // ops/setup.sh installs it; skipping needs saying so.
+        assert!(
+            std::env::var_os("TRAINQ_SKIP_BROWSER_CHECK").is_some(),
+            "no chromium on PATH for the browser check: run ops/setup.sh (apt-get install chromium), \
+             or set TRAINQ_SKIP_BROWSER_CHECK=1 to skip it"
+        );
+        eprintln!("TRAINQ_SKIP_BROWSER_CHECK is set: the browser check is skipped");
         return;
     };
     let profile = tempfile::tempdir().unwrap();
