@@ -27,14 +27,14 @@ use trainq_queue::StepNumber;
 
 /// The loop's state between passes.
 pub(super) struct Pipeline<'c, 'a> {
-    pub ctx: &'c StepContext<'a>,
-    pub waiter: GroupWaiter,
-    pub metrics: Option<&'c metrics::WorkerMetrics>,
+    ctx: &'c StepContext<'a>,
+    waiter: GroupWaiter,
+    metrics: Option<&'c metrics::WorkerMetrics>,
     /// Whether steps overlap (async weight syncing).
-    pub pipelined: bool,
+    pipelined: bool,
     /// The step of the weights the engine holds once every step in flight is committed.
-    pub engine_step: StepNumber,
-    pub summary: WorkerSummary,
+    engine_step: StepNumber,
+    summary: WorkerSummary,
     /// Trained and saved, to upload and commit.
     saved: Option<Box<SavedStep>>,
     /// Claimed and prepared, to train.
