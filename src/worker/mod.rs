@@ -41,7 +41,7 @@ use trainq_queue::db::steps::{latest_checkpoint, mark_checkpoints_deleted};
 use trainq_queue::db::workers::{heartbeat_worker, register_worker, WorkerInfo};
 use trainq_queue::queue::{spawn_rescuer, BatchReadiness, GroupWaiter};
 use trainq_queue::storage::{
-    apply_retention, fetch_checkpoint, resolve_base_model, FetchOptions, RetentionPolicy, Store,
+    apply_retention, fetch_checkpoint, read_vocab_size, resolve_base_model, FetchOptions, RetentionPolicy, Store,
 };
 use trainq_queue::StepNumber;
 
@@ -72,6 +72,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
     register_worker(pool, &info).await?;
     let store = Store::open_with(&opts.store_url, &opts.store_options)?;
     let base_dir = resolve_base_model(&model.base, &opts.work_dir).await?;
+    let vocab_size = read_vocab_size(&base_dir.to_string_lossy()).await?;
     let tokenizer =
         Arc::new(ChatTokenizer::from_dir(&base_dir)?.with_template_kwargs(cfg.chat_template_kwargs.clone()));
     let (mut engine_step, resume_dir) = stage_latest(pool, &store, opts).await?;
@@ -90,6 +91,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
         engine: &engine,
         store: &store,
         cancel: &cancel,
+        vocab_size,
         committed: Mutex::new(Committed { step: engine_step, dir: resume_dir }),
     };
     // With async weight syncing a step's upload and commit run while the next step assembles
@@ -227,7 +229,7 @@ async fn assemble_and_train(ctx: &StepContext<'_>, waiter: &mut GroupWaiter, cur
     let waited = Instant::now();
     let want = cfg.queue.groups_per_step as i64;
     let max_wait = Duration::from_secs_f64(cfg.queue.max_batch_wait_seconds);
-    let window = policy_window(cfg, current.get());
+    let window = policy_window(cfg, current);
     let ready = tokio::select! {
         _ = ctx.cancel.cancelled() => return Ok(Next::Stop),
         ready = waiter.wait_for_batch(&opts.model, &window, want, max_wait, opts.poll_interval) => ready?,

@@ -28,13 +28,13 @@ pub struct CommitLock {
 pub async fn lock_commits(pool: &PgPool, model: &str) -> Result<CommitLock> {
     let what = || format!("take the commit lock of model {model:?}");
     let mut conn = pool.acquire().await.map_err(Error::db(what()))?.detach();
-    sqlx::raw_sql("SET idle_in_transaction_session_timeout = 0").execute(&mut conn).await.map_err(Error::db(what()))?;
+    sqlx::query("SET idle_in_transaction_session_timeout = 0").execute(&mut conn).await.map_err(Error::db(what()))?;
     sqlx::query("INSERT INTO trainq.commit_locks (model) VALUES ($1) ON CONFLICT DO NOTHING")
         .bind(model)
         .execute(&mut conn)
         .await
         .map_err(Error::db(what()))?;
-    sqlx::raw_sql("BEGIN").execute(&mut conn).await.map_err(Error::db(what()))?;
+    sqlx::query("BEGIN").persistent(false).execute(&mut conn).await.map_err(Error::db(what()))?;
     sqlx::query("SELECT model FROM trainq.commit_locks WHERE model = $1 FOR UPDATE")
         .bind(model)
         .execute(&mut conn)
