@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "reward": 1.0},
             {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}], "reward": 0.0},
         ]),
-        policy_version: Some(policy_version.get()),
+        policy_version: Some(policy_version),
         metadata: json!({"source": "examples/submit_group.rs"}),
     };
     let id = trainq::submit_group(&pool, &group).await?;

@@ -87,7 +87,7 @@ pub use trainq_queue::create_model;
 ///         {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "reward": 1.0},
 ///         {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}], "reward": 0.0},
 ///     ]),
-///     policy_version: Some(0), // the checkpoint step the rollouts were sampled from
+///     policy_version: Some(trainq::StepNumber(0)), // the checkpoint step the rollouts were sampled from
 ///     metadata: serde_json::json!({}),
 /// };
 /// let id = trainq::submit_group(&pool, &group).await?;

@@ -1,8 +1,9 @@
 //! `trainq follow` end to end against real PostgreSQL and a real S3-compatible server (moto):
 //! each new committed checkpoint is fetched into DIR/{step:06}, DIR/current is swapped onto it,
 //! a vLLM-shaped HTTP server is told (load the new adapter, unload the previous one), the hook
-//! runs, the last K stay; a forged notification is ignored; a database outage and a store
-//! restart only delay it.
+//! runs, the last K stay; a forged notification (naming the next step and an attacker's complete
+//! checkpoint) is never fetched; a database outage and a store restart only delay it; and
+//! `trainq checkpoint fetch` refuses a checkpoint rewritten in the store after its commit.
 
 mod common;
 
@@ -39,11 +40,15 @@ async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
 
 /// Uploads a small PEFT-shaped checkpoint for `step` (content seeded by the step).
 async fn upload(store: &Store, work: &Path, step: i64) -> UploadedCheckpoint {
-    let local = work.join(format!("local-{step}"));
+    upload_seeded(store, &work.join(format!("local-{step}")), step, step as u64).await
+}
+
+/// Uploads a small PEFT-shaped checkpoint for `step` from `local`, its content seeded by `seed`.
+async fn upload_seeded(store: &Store, local: &Path, step: i64, seed: u64) -> UploadedCheckpoint {
     let files = [("adapter_model.safetensors", 4096 + step as usize), ("adapter_config.json", 100)];
-    common::checkpoint_files::write_checkpoint_dir(&local, &files, step as u64);
+    common::checkpoint_files::write_checkpoint_dir(local, &files, seed);
     let (options, no_progress) = (UploadOptions::default(), |_: u64| {});
-    upload_checkpoint(store, MODEL, StepNumber(step), CheckpointFormat::PeftLora, &local, &options, &no_progress)
+    upload_checkpoint(store, MODEL, StepNumber(step), CheckpointFormat::PeftLora, local, &options, &no_progress)
         .await
         .unwrap()
 }
@@ -291,7 +296,11 @@ async fn follow_fetches_swaps_and_announces_each_checkpoint_and_rides_out_outage
         &[("adapter_model.safetensors", 0), ("adapter_config.json", 0)],
     );
 
-    // A forged notification names a step that was never committed: it only wakes the follower.
+    // A forged notification, as any role can send: the next step, pointing at an attacker's
+    // complete checkpoint. It only wakes the follower, which reads the table and finds no step 2.
+    let evil = upload_seeded(&s3.store("evil"), &work.path().join("evil-2"), 2, 666).await;
+    let forged = json!({"model": MODEL, "step": 2, "uri": evil.uri, "sha256": evil.manifest_sha256});
+    sqlx::query("SELECT pg_notify('trainq_checkpoints', $1)").bind(forged.to_string()).execute(&db.pool).await.unwrap();
     sqlx::query("SELECT pg_notify('trainq_checkpoints', '{\"model\": \"m\", \"step\": 99, \"uri\": \"s3://evil/\"}')")
         .execute(&db.pool)
         .await
@@ -301,6 +310,12 @@ async fn follow_fetches_swaps_and_announces_each_checkpoint_and_rides_out_outage
         commit(&db, step, &uploaded).await;
         let name = format!("{step:06}");
         wait_until(&format!("current → {name}"), || current(&dir).as_deref() == Some(name.as_str())).await;
+        // The committed bytes, never the attacker's.
+        common::checkpoint_files::assert_same_files(
+            &work.path().join(format!("local-{step}")),
+            &dir.join(&name),
+            &[("adapter_model.safetensors", 0), ("adapter_config.json", 0)],
+        );
     }
     wait_until("five vLLM requests", || vllm.lock().unwrap().len() == 5).await;
     let step_path = |step: i64| dir.join(format!("{step:06}"));
@@ -342,6 +357,35 @@ async fn follow_fetches_swaps_and_announces_each_checkpoint_and_rides_out_outage
     wait_until("current → 000005 after the store came back", || current(&dir).as_deref() == Some("000005")).await;
     wait_until("--keep 2 leaves 000004 and 000005", || step_dirs(&dir) == ["000004", "000005"]).await;
     assert!(!follower.stderr().contains("000099"), "{}", follower.stderr());
+    assert!(!follower.stderr().contains("evil"), "{}", follower.stderr());
     assert!(vllm.lock().unwrap().iter().all(|r| !r.body.to_string().contains("99")));
     assert_eq!(vllm.lock().unwrap().last(), Some(&unload("m-step-000004")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_fetch_refuses_a_checkpoint_rewritten_in_the_store_after_its_commit() {
+    let db = TestDb::new().await;
+    db.create_model(MODEL).await;
+    let s3 = MotoServer::start();
+    let store = s3.store("fetch");
+    let work = tempfile::tempdir().unwrap();
+    let genuine = upload(&store, work.path(), 1).await;
+    commit(&db, 1, &genuine).await;
+    let fetch = |to: &Path| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_trainq"));
+        command.args(["checkpoint", "fetch", MODEL, "--to"]).arg(to).env("DATABASE_URL", db.url(None));
+        command.env_remove("TRAINQ_STORE").envs(s3.aws_env()).output().unwrap()
+    };
+    let out = fetch(&work.path().join("ok"));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Someone with write access to the store replaces step 1, manifest and all: self-consistent,
+    // but not what was committed.
+    let rewritten = upload_seeded(&store, &work.path().join("rewritten"), 1, 666).await;
+    assert_ne!(rewritten.manifest_sha256, genuine.manifest_sha256);
+    let to = work.path().join("refused");
+    let out = fetch(&to);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(&format!("differs from the committed {}", genuine.manifest_sha256)), "{stderr}");
+    assert!(!to.join("adapter_model.safetensors").exists(), "nothing is fetched");
 }

@@ -7,6 +7,7 @@ mod common;
 use common::db::{chat_group, chat_trajectory, TestDb};
 use serde_json::{json, Value};
 use trainq_queue::db::{self, sqlstate};
+use trainq_queue::StepNumber;
 
 /// A model with small limits (4 trajectories, 4 KiB) and current step 2.
 async fn setup() -> TestDb {
@@ -188,7 +189,7 @@ async fn good_groups_of_every_form_are_stored_with_their_reward_statistics() {
         &db::NewGroup {
             model: "m1".into(),
             trajectories: json!([tool_chat, pretokenized, chat_trajectory(2.0)]),
-            policy_version: Some(2),
+            policy_version: Some(StepNumber(2)),
             metadata: json!({"env": "weather"}),
         },
     )

@@ -76,7 +76,7 @@ async fn a_claim_returns_groups_oldest_first_with_their_statistics() {
         &db::NewGroup {
             model: "m1".into(),
             trajectories: chat_group(&[1.0, 0.0, 0.0, 1.0]),
-            policy_version: Some(0),
+            policy_version: Some(StepNumber(0)),
             metadata: json!({"scenario": "a"}),
         },
     )
@@ -89,7 +89,7 @@ async fn a_claim_returns_groups_oldest_first_with_their_statistics() {
     assert_eq!(g.id, first);
     assert_eq!((g.reward_count, g.reward_mean, g.reward_std, g.attempts), (4, 0.5, 0.5, 0));
     assert_eq!(g.rewards(), vec![1.0, 0.0, 0.0, 1.0]);
-    assert_eq!(g.policy_version, Some(0));
+    assert_eq!(g.policy_version, Some(StepNumber(0)));
     assert_eq!(g.metadata, json!({"scenario": "a"}));
     assert_eq!(db::count_pending(&db.pool, "m1").await.unwrap(), 1);
 }
@@ -107,7 +107,10 @@ async fn an_expired_lease_is_rescued_to_pending_and_claimed_again() {
     let later = Utc::now() + TimeDelta::seconds(61);
     let report = db::rescue_expired(&db.pool, Some(later)).await.unwrap();
     assert_eq!((report.returned, report.failed), (3, 0));
-    let again = db::claim_groups(&db.pool, &params("m1", "w2", 10)).await.unwrap();
+    // Back off first (queue.retry_backoff_seconds, default 10 s for a first attempt).
+    let at = |seconds| ClaimParams { now: Some(later + TimeDelta::seconds(seconds)), ..params("m1", "w2", 10) };
+    assert!(db::claim_groups(&db.pool, &at(9)).await.unwrap().groups.is_empty());
+    let again = db::claim_groups(&db.pool, &at(11)).await.unwrap();
     assert_eq!(again.groups.len(), 3);
     assert!(again.groups.iter().all(|g| g.attempts == 1));
     let (state, attempts, error) = state_of(&db, again.groups[0].id).await;
@@ -121,8 +124,11 @@ async fn a_stale_token_can_record_nothing() {
     db.create_model("m1").await;
     insert_groups(&db.pool, "m1", 2).await;
     let old = db::claim_groups(&db.pool, &params("m1", "slow", 10)).await.unwrap();
-    db::rescue_expired(&db.pool, Some(Utc::now() + TimeDelta::seconds(120))).await.unwrap();
-    let new = db::claim_groups(&db.pool, &params("m1", "fast", 10)).await.unwrap();
+    let later = Utc::now() + TimeDelta::seconds(120);
+    db::rescue_expired(&db.pool, Some(later)).await.unwrap();
+    let after_backoff = Some(later + TimeDelta::seconds(60));
+    let new =
+        db::claim_groups(&db.pool, &ClaimParams { now: after_backoff, ..params("m1", "fast", 10) }).await.unwrap();
     let ids: Vec<GroupId> = old.groups.iter().map(|g| g.id).collect();
     let skip = vec![SkippedGroup { id: ids[0], reason: SkipReason::ZeroVariance, std: Some(0.0), detail: None }];
     assert!(matches!(db::skip_groups(&db.pool, old.token, &skip).await, Err(Error::LostClaim { .. })));
@@ -171,6 +177,7 @@ async fn a_group_fails_after_max_attempts_expired_leases_with_the_error_kept() {
         assert_eq!(claim.groups.len(), 1, "attempt {attempt} claims the group");
         clock += TimeDelta::seconds(61);
         db::rescue_expired(&db.pool, Some(clock)).await.unwrap();
+        clock += TimeDelta::seconds(200); // past the retry backoff
     }
     let id: GroupId = sqlx::query_scalar("SELECT id FROM trainq.groups").fetch_one(&db.pool).await.unwrap();
     let (state, attempts, error) = state_of(&db, id).await;
@@ -185,7 +192,10 @@ async fn released_groups_return_to_pending_until_max_attempts() {
     db.create_model("m1").await; // default max_attempts = 3
     insert_groups(&db.pool, "m1", 1).await;
     for attempt in 1..=3 {
-        let claim = db::claim_groups(&db.pool, &params("m1", "w", 1)).await.unwrap();
+        // Released groups back off (10 s, then 20 s) before they can be claimed again.
+        let after_backoff = Some(Utc::now() + TimeDelta::seconds(100 * attempt as i64));
+        let claim =
+            db::claim_groups(&db.pool, &ClaimParams { now: after_backoff, ..params("m1", "w", 1) }).await.unwrap();
         let ids = [claim.groups[0].id];
         db::release_groups(&db.pool, claim.token, &ids, "cuda out of memory").await.unwrap();
         let (state, attempts, _) = state_of(&db, ids[0]).await;
@@ -266,7 +276,8 @@ async fn commit_step_records_everything_in_one_fenced_transaction_and_notifies()
     db::commit_step(&db.pool, &step, Some(&ckpt), claim.token, &[trained], &[skip]).await.unwrap();
     let note = tokio::time::timeout(Duration::from_secs(10), listener.recv()).await.unwrap().unwrap();
     let payload: serde_json::Value = serde_json::from_str(note.payload()).unwrap();
-    assert_eq!(payload, json!({"model": "m1", "step": 1, "uri": "file:///ckpt/m1/1/"}));
+    // A hint only (any role can notify this channel): the URI is read from latest_checkpoint.
+    assert_eq!(payload, json!({"model": "m1", "step": 1}));
     assert_eq!(db::get_model(&db.pool, "m1").await.unwrap().current_step, StepNumber(1));
     assert_eq!(db::list_steps(&db.pool, "m1", 10).await.unwrap(), vec![step]);
     assert_eq!(db::latest_checkpoint(&db.pool, "m1").await.unwrap(), Some(ckpt));
@@ -329,7 +340,7 @@ async fn submit_versioned(db: &TestDb, model: &str, policy_version: Option<i64>)
     let group = db::NewGroup {
         model: model.into(),
         trajectories: chat_group(&[0.0, 1.0]),
-        policy_version,
+        policy_version: policy_version.map(StepNumber),
         metadata: json!({}),
     };
     db::submit_group(&db.pool, &group).await.unwrap()
@@ -352,13 +363,13 @@ async fn a_claim_in_a_policy_window_takes_eligible_groups_first_and_the_too_old_
     let unknown = submit_versioned(&db, "m1", None).await;
 
     let window = db::PolicyWindow {
-        current_step: 2,
+        current_step: StepNumber(2),
         accepted_staleness: 0,
         unknown_policy_version: trainq_queue::config::UnknownPolicyVersion::Stale,
         too_old_limit: 10,
     };
     let counted = db::count_claimable(&db.pool, "m1", &window).await.unwrap();
-    assert_eq!((counted.current_step, counted.eligible, counted.too_old), (2, 3, 4));
+    assert_eq!((counted.current_step, counted.eligible, counted.too_old), (StepNumber(2), 3, 4));
     assert!(counted.oldest_eligible_age_seconds.is_some_and(|s| s >= 0.0));
 
     // Eligible groups are counted against the limit; the older ones come along to be skipped.
@@ -395,7 +406,7 @@ async fn a_model_can_refuse_groups_of_unknown_age_at_insert() {
     let Error::Database { source, .. } = &err else { panic!("{err:?}") };
     assert_eq!(db::sqlstate::code_of(source).as_deref(), Some(db::sqlstate::POLICY_VERSION_UNKNOWN), "{err}");
     assert!(err.to_string().contains("queue.unknown_policy_version"), "{err}");
-    db::submit_group(&db.pool, &db::NewGroup { policy_version: Some(0), ..group("strict") }).await.unwrap();
+    db::submit_group(&db.pool, &db::NewGroup { policy_version: Some(StepNumber(0)), ..group("strict") }).await.unwrap();
     // The default accepts the insert; the worker skips such a group `stale` (a policy window
     // counts it as too old).
     db::submit_group(&db.pool, &group("default")).await.unwrap();

@@ -61,8 +61,25 @@ async fn models_are_created_listed_and_shown_with_their_config() {
     assert_eq!(shown["config"]["queue"]["async_weight_syncing"], true);
     assert_eq!(shown["config"]["queue"]["max_staleness"], 2);
     assert_eq!(shown["max_group_trajectories"], 32);
+    assert_eq!(shown["vocab_size"], serde_json::Value::Null, "no config.json at /models/qwen3: unknown");
     let out = trainq(&db, &["model", "show", "nope"]).await;
     assert!(!out.status.success() && text(&out.stderr).contains("unknown model \"nope\""));
+    // The vocabulary size comes from the base's config.json (or --vocab-size) and is checked on insert.
+    let base = tempfile::tempdir().unwrap();
+    std::fs::write(base.path().join("config.json"), r#"{"model_type": "qwen3", "vocab_size": 151936}"#).unwrap();
+    let out = trainq(&db, &["model", "create", "sized", "--base", base.path().to_str().unwrap()]).await;
+    assert!(text(&out.stdout).contains("vocab_size 151936"), "{}", text(&out.stdout));
+    let out = trainq(&db, &["model", "show", "sized"]).await;
+    assert_eq!(serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["vocab_size"], 151936);
+    let out = trainq(&db, &["model", "create", "given", "--base", "/b", "--vocab-size", "32"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let refused = sqlx::query(
+        "INSERT INTO trainq.groups (model, trajectories) VALUES ('given', '[{\"prompt_ids\": [1], \"completion_ids\": [32], \"reward\": 1}]')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap_err();
+    assert_eq!(refused.as_database_error().unwrap().code().as_deref(), Some("TQ022"));
 }
 
 #[tokio::test]

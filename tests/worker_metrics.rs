@@ -68,7 +68,7 @@ async fn record_one_skipped_pass(db: &TestDb) {
         .collect();
     let pass = SkippedPass {
         model: "m".into(),
-        current_step: 0,
+        current_step: StepNumber(0),
         worker_id: "w".into(),
         started_at: Utc::now(),
         groups_claimed: 1,

@@ -151,7 +151,7 @@ async fn groups_constant_inside_but_different_across_take_no_step_then_a_mixed_b
     // No step, but a record: saturation shows in the rewards instead of vanishing.
     let passes = list_skipped_passes(&db.pool, "m", 10).await.unwrap();
     assert_eq!(passes.len(), 1, "{passes:?}");
-    assert_eq!((passes[0].current_step, passes[0].groups_claimed), (0, 4));
+    assert_eq!((passes[0].current_step, passes[0].groups_claimed), (StepNumber(0), 4));
     assert_eq!(passes[0].groups_skipped, serde_json::json!({"zero_variance": 4}));
     // (0 + 0 + 1 + 1 + 0.5 + 0.5 + 0.25 + 0.25) / 8
     assert!((passes[0].reward_mean_claimed.unwrap() - 0.4375).abs() < 1e-9, "{passes:?}");
@@ -279,7 +279,7 @@ async fn groups_without_sampler_logprobs_are_refused_by_default_and_coverage_is_
         let new_group = |trajectories: serde_json::Value| trainq_queue::db::NewGroup {
             model: name.into(),
             trajectories,
-            policy_version: Some(0),
+            policy_version: Some(StepNumber(0)),
             metadata: serde_json::json!({}),
         };
         let groups_in = [new_group(with_logprobs.clone()), new_group(worker_support::group_of(&[0.0, 1.0]))];
@@ -342,7 +342,7 @@ async fn long_trajectories_are_cut_or_masked_and_zero_advantage_ones_dropped_whe
         let group = trainq_queue::db::NewGroup {
             model: name.into(),
             trajectories: trajectories.clone(),
-            policy_version: Some(0),
+            policy_version: Some(StepNumber(0)),
             metadata: serde_json::json!({}),
         };
         let id = trainq_queue::db::groups::submit_groups(&db.pool, &[group]).await.unwrap()[0];
@@ -430,7 +430,7 @@ async fn cispo_with_arts_epsilons_and_a_sampler_temperature_trains_a_real_step()
         let group = trainq_queue::db::NewGroup {
             model: name.into(),
             trajectories: trajectories.clone(),
-            policy_version: Some(0),
+            policy_version: Some(StepNumber(0)),
             metadata: serde_json::json!({}),
         };
         trainq_queue::db::groups::submit_groups(&db.pool, &[group]).await.unwrap();

@@ -93,7 +93,12 @@ async fn submit_all(pool: &PgPool, args: &Args) -> Result<(), Box<dyn std::error
                     ], "reward": (i % 3) as f64 / 2.0})
                 })
                 .collect();
-            NewGroup { model: NAME.into(), trajectories, policy_version: Some(0), metadata: json!({}) }
+            NewGroup {
+                model: NAME.into(),
+                trajectories,
+                policy_version: Some(trainq_queue::StepNumber(0)),
+                metadata: json!({}),
+            }
         })
         .collect();
     submit_groups(pool, &groups).await?;

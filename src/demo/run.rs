@@ -175,7 +175,7 @@ impl Environment {
                 let group = NewGroup {
                     model: DEMO_NAME.into(),
                     trajectories,
-                    policy_version: Some(version),
+                    policy_version: Some(StepNumber(version)),
                     metadata: json!({"env": "digits"}),
                 };
                 groups.push(group);

@@ -8,14 +8,13 @@
 pub mod directory;
 pub mod notify;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use trainq_queue::queue::{wait_for_checkpoint, LatestCheckpoint};
-use trainq_queue::storage::manifest::sha256_hex;
-use trainq_queue::storage::{fetch_checkpoint, FetchOptions, Store, StoreOptions, MANIFEST_FILE};
+use trainq_queue::storage::{fetch_checkpoint, FetchOptions, Store, StoreOptions};
 use trainq_queue::StepNumber;
 
 pub use directory::{current_step, step_dir, CURRENT_LINK};
@@ -128,16 +127,20 @@ impl Follower<'_> {
         self.announce(latest.step).await
     }
 
-    /// Fetches `latest` into `DIR/{step:06}`, checks it against the committed record, and points
-    /// `DIR/current` at it.
+    /// Fetches `latest` (as read from `trainq.latest_checkpoint()`, never from a notification)
+    /// into `DIR/{step:06}`, checks it against the committed record, and points `DIR/current` at it.
     async fn fetch(&self, latest: &LatestCheckpoint) -> Result<()> {
         let (model, step) = (&self.options.model, latest.step);
         let store_url = self.options.store_url.as_deref().unwrap_or(&latest.store_url);
         let store = Store::open_with(store_url, &self.options.store_options)?;
         let to = step_dir(&self.options.dir, step);
-        let fetch_options = FetchOptions { replace_existing: true, ..FetchOptions::default() };
+        // The manifest must be the one the commit recorded (checked before any file is fetched).
+        let fetch_options = FetchOptions {
+            replace_existing: true,
+            expected_manifest_sha256: Some(latest.sha256.clone()),
+            ..FetchOptions::default()
+        };
         let manifest = fetch_checkpoint(&store, model, step, &to, &fetch_options, &|_| {}).await?;
-        check_manifest_sha256(&to, &latest.sha256)?;
         directory::swap_current(&self.options.dir, step)?;
         tracing::info!(
             model = %model,
@@ -181,20 +184,4 @@ impl Follower<'_> {
         }
         Ok(())
     }
-}
-
-/// The fetched `manifest.json` must be the one the commit recorded: a store object rewritten
-/// behind the database's back is refused.
-fn check_manifest_sha256(dir: &Path, recorded: &str) -> Result<()> {
-    let path = dir.join(MANIFEST_FILE);
-    let bytes = std::fs::read(&path)
-        .map_err(|err| Error::Follow { what: format!("read {}", path.display()), message: err.to_string() })?;
-    let found = sha256_hex(&bytes);
-    if found.eq_ignore_ascii_case(recorded) {
-        return Ok(());
-    }
-    Err(Error::Follow {
-        what: format!("check {}", path.display()),
-        message: format!("manifest sha256 {found} differs from the committed {recorded}"),
-    })
 }

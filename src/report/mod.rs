@@ -63,7 +63,7 @@ fn series(name: &str, steps: &[StepRecord], value: impl Fn(&StepRecord) -> Optio
 
 /// Where a skipped pass sits on the step axis: the step it did not take.
 fn pass_step(pass: &SkippedPass) -> i64 {
-    pass.current_step + 1
+    pass.current_step.next().get()
 }
 
 /// Skipped passes (ascending) folded per step axis position: `value` of the passes at each
@@ -367,7 +367,7 @@ mod tests {
     fn pass(current_step: i64, groups: i32, reward: f64) -> SkippedPass {
         SkippedPass {
             model: "m".into(),
-            current_step,
+            current_step: StepNumber(current_step),
             worker_id: "w".into(),
             started_at: Utc::now(),
             groups_claimed: groups,

@@ -22,7 +22,7 @@ pub const FAULT_PAUSED_MARKER: &str = "TRAINQ_FAULT_PAUSED";
 static PAUSED_ONCE: AtomicBool = AtomicBool::new(false);
 
 /// Pauses here when `TRAINQ_FAULT_PAUSE_AT` names `phase` (see the module docs).
-pub(crate) async fn pause_if_requested(phase: &str, step: i64) {
+pub(crate) async fn pause_if_requested(phase: &str, step: trainq_queue::StepNumber) {
     if std::env::var(FAULT_PAUSE_AT_ENV).ok().as_deref() != Some(phase) || PAUSED_ONCE.swap(true, Ordering::SeqCst) {
         return;
     }

@@ -40,7 +40,7 @@ use trainq_queue::db::steps::{latest_checkpoint, mark_checkpoints_deleted};
 use trainq_queue::db::workers::{register_worker, WorkerInfo};
 use trainq_queue::queue::{spawn_rescuer, GroupWaiter};
 use trainq_queue::storage::{
-    apply_retention, fetch_checkpoint, resolve_base_model, FetchOptions, RetentionPolicy, Store,
+    apply_retention, fetch_checkpoint, read_vocab_size, resolve_base_model, FetchOptions, RetentionPolicy, Store,
 };
 use trainq_queue::StepNumber;
 
@@ -71,6 +71,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
     register_worker(pool, &info).await?;
     let store = Store::open_with(&opts.store_url, &opts.store_options)?;
     let base_dir = resolve_base_model(&model.base, &opts.work_dir).await?;
+    let vocab_size = read_vocab_size(&base_dir.to_string_lossy()).await?;
     let tokenizer =
         Arc::new(ChatTokenizer::from_dir(&base_dir)?.with_template_kwargs(cfg.chat_template_kwargs.clone()));
     let (engine_step, resume_dir) = stage_latest(pool, &store, opts).await?;
@@ -89,6 +90,7 @@ pub async fn run_worker(pool: &PgPool, opts: &WorkerOptions, cancel: Cancellatio
         engine: &engine,
         store: &store,
         cancel: &cancel,
+        vocab_size,
         committed: Mutex::new(Committed { step: engine_step, dir: resume_dir }),
     };
     let summary = pipeline::Pipeline::new(&ctx, waiter, metrics.as_deref(), engine_step).run().await?;

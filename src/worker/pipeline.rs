@@ -254,7 +254,7 @@ async fn next_batch(
     let (cfg, opts) = (ctx.cfg, ctx.opts);
     let waited = Instant::now();
     let want = cfg.queue.groups_per_step as i64;
-    let window = policy_window(cfg, current.get());
+    let window = policy_window(cfg, current);
     if !trained.is_cancelled() {
         match waiter.wait_for_full_batch(&opts.model, &window, want, trained).await? {
             Some(BatchReadiness::StepMoved) => return Ok(Next::Moved),

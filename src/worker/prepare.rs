@@ -1,6 +1,10 @@
 //! From claimed groups to micro-batches: filter (with a reason per skipped group), tokenize
 //! (too long or unusable groups are skipped too, or their long trajectories cut or masked),
 //! compute advantages (optionally leaving zero-advantage trajectories out) and pack.
+//!
+//! Everything a group can get wrong is decided here, group by group: a group whose stored JSON
+//! did not decode, that does not render, or whose token ids lie outside the model's vocabulary
+//! is skipped `invalid` with the reason, and its batch-mates train as if it were not there.
 
 use crate::error::Result;
 use trainq_engine::tokenize::{
@@ -9,6 +13,7 @@ use trainq_engine::tokenize::{
 use trainq_queue::config::{TooLongPolicy, TrainConfig, UnknownPolicyVersion};
 use trainq_queue::db::claims::ClaimedGroup;
 use trainq_queue::rl::{advantages, filter_groups, mean, population_std, FilterParams, FilterReport, SkipReason};
+use trainq_queue::StepNumber;
 
 /// A step's training input and what the step record says about it.
 #[derive(Debug)]
@@ -18,7 +23,7 @@ pub(crate) struct PreparedStep {
     /// Packed micro-batches of the kept groups (empty when nothing is kept).
     pub batches: Vec<MicroBatch>,
     /// (rewards, policy_version) of each kept group, for the step record.
-    pub trained: Vec<(Vec<f64>, Option<i64>)>,
+    pub trained: Vec<(Vec<f64>, Option<StepNumber>)>,
     /// Trajectories in the batches.
     pub trajectories: usize,
     /// Trained (assistant) tokens in the batches.
@@ -43,12 +48,14 @@ pub(crate) struct LeftOut {
 /// A kept group's tokenized trajectories, in order; `None` where one is left out of the loss.
 type Tokenized = Vec<Option<TokenizedTrajectory>>;
 
-/// Filters, tokenizes and packs `groups` for a step that starts from `current_step`.
+/// Filters, tokenizes and packs `groups` for a step that starts from `current_step`; token ids
+/// must lie below `vocab_size` (the base model's, when known).
 pub(crate) fn prepare_step(
     groups: &[ClaimedGroup],
     cfg: &TrainConfig,
-    current_step: i64,
+    current_step: StepNumber,
     tokenizer: &ChatTokenizer,
+    vocab_size: Option<i64>,
 ) -> Result<PreparedStep> {
     let params = FilterParams {
         zero_variance_tolerance: cfg.advantages.zero_variance_tolerance,
@@ -64,6 +71,7 @@ pub(crate) fn prepare_step(
     let to_tokenize: Vec<&ClaimedGroup> = groups.iter().filter(|g| report.kept.contains(&g.id)).collect();
     let tokenized_groups = map_in_parallel(&to_tokenize, |group| {
         tokenize_group(group, tokenizer, cfg.max_seq_len, cfg.too_long)
+            .and_then(|t| require_vocabulary(t, vocab_size))
             .and_then(|t| require_logprobs(t, cfg.loss.allow_training_without_logprobs))
     });
     for (group, tokenized) in to_tokenize.into_iter().zip(tokenized_groups) {
@@ -163,6 +171,25 @@ fn logprob_tokens(t: &TokenizedTrajectory) -> usize {
     t.trained.iter().zip(&t.sampler_logprobs).filter(|(trained, lp)| **trained && lp.is_some()).count()
 }
 
+/// Refuses (as `invalid`) a group with a token id outside `[0, vocab_size)`: the embedding has
+/// no row for it, and the whole step would fail on it.
+fn require_vocabulary(
+    (tokenized, cut): (Tokenized, usize),
+    vocab_size: Option<i64>,
+) -> std::result::Result<(Tokenized, usize), (SkipReason, String)> {
+    let Some(vocab) = vocab_size else { return Ok((tokenized, cut)) };
+    for (i, t) in tokenized.iter().enumerate() {
+        let Some(t) = t else { continue };
+        if let Some((at, id)) = t.ids.iter().enumerate().find(|(_, id)| **id < 0 || **id >= vocab) {
+            let detail = format!(
+                "trajectory {i}: token id {id} at position {at} is outside the model's vocabulary [0, {vocab})"
+            );
+            return Err((SkipReason::Invalid, detail));
+        }
+    }
+    Ok((tokenized, cut))
+}
+
 /// Refuses (as `invalid`) a group with a trajectory whose trained tokens carry no sampler log-prob
 /// at all, unless `loss.allow_training_without_logprobs`: without them the importance ratio is 1
 /// and off-policy samples would be trained as if on-policy.
@@ -189,7 +216,7 @@ fn require_logprobs(
 
 #[cfg(test)]
 mod tests {
-    use super::map_in_parallel;
+    use super::*;
 
     #[test]
     fn parallel_map_keeps_the_items_order_whatever_the_thread_count() {
@@ -197,5 +224,20 @@ mod tests {
             let items: Vec<usize> = (0..n).collect();
             assert_eq!(map_in_parallel(&items, |i| i * 10), items.iter().map(|i| i * 10).collect::<Vec<_>>());
         }
+    }
+
+    fn tokenized(ids: Vec<i64>) -> Option<TokenizedTrajectory> {
+        let n = ids.len();
+        Some(TokenizedTrajectory { ids, trained: vec![true; n], sampler_logprobs: vec![None; n] })
+    }
+
+    #[test]
+    fn a_token_id_outside_the_vocabulary_makes_the_group_invalid() {
+        let group = vec![tokenized(vec![1, 2, 3]), None, tokenized(vec![4, 8])];
+        assert!(require_vocabulary((group.clone(), 0), Some(9)).is_ok());
+        assert!(require_vocabulary((group.clone(), 0), None).is_ok(), "unknown vocabulary: not checked");
+        let (reason, detail) = require_vocabulary((group, 0), Some(8)).unwrap_err();
+        assert_eq!(reason, SkipReason::Invalid);
+        assert_eq!(detail, "trajectory 2: token id 8 at position 1 is outside the model's vocabulary [0, 8)");
     }
 }

@@ -3,6 +3,7 @@
 //! mean of each group's own reward std, and the policy lag the step actually saw.
 
 use trainq_queue::rl::advantages::{mean, population_std};
+use trainq_queue::StepNumber;
 
 /// What the step record says about the trained groups' rewards and ages.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -19,7 +20,7 @@ pub struct TrainedGroupsSummary {
 
 /// Summarizes trained groups given as (rewards, policy_version), for a step that starts from
 /// checkpoint `current_step` (the lag of a group sampled from it is 0).
-pub fn summarize_trained(groups: &[(Vec<f64>, Option<i64>)], current_step: i64) -> TrainedGroupsSummary {
+pub fn summarize_trained(groups: &[(Vec<f64>, Option<StepNumber>)], current_step: StepNumber) -> TrainedGroupsSummary {
     if groups.is_empty() {
         return TrainedGroupsSummary::default();
     }
@@ -76,8 +77,12 @@ mod tests {
 
     #[test]
     fn rewards_and_lags_are_summarized_per_group() {
-        let groups = vec![(vec![0.0, 1.0], Some(5)), (vec![1.0, 1.0, 0.0, 0.0], Some(3)), (vec![2.0, 4.0], None)];
-        let s = summarize_trained(&groups, 5);
+        let groups = vec![
+            (vec![0.0, 1.0], Some(StepNumber(5))),
+            (vec![1.0, 1.0, 0.0, 0.0], Some(StepNumber(3))),
+            (vec![2.0, 4.0], None),
+        ];
+        let s = summarize_trained(&groups, StepNumber(5));
         assert!((s.reward_mean.unwrap() - 9.0 / 8.0).abs() < 1e-12);
         // Own stds: 0.5, 0.5, 1.0.
         assert!((s.reward_std_mean.unwrap() - 2.0 / 3.0).abs() < 1e-12);
@@ -86,6 +91,6 @@ mod tests {
 
     #[test]
     fn no_trained_groups_means_nothing_to_report() {
-        assert_eq!(summarize_trained(&[], 3), TrainedGroupsSummary::default());
+        assert_eq!(summarize_trained(&[], StepNumber(3)), TrainedGroupsSummary::default());
     }
 }

@@ -55,6 +55,9 @@ pub(crate) struct StepContext<'a> {
     pub engine: &'a Engine,
     pub store: &'a Store,
     pub cancel: &'a CancellationToken,
+    /// The base model's vocabulary size (config.json), if known: a group with token ids beyond
+    /// it is skipped `invalid` instead of failing the step.
+    pub vocab_size: Option<i64>,
     /// The last committed step and its checkpoint staged locally (None: the base weights).
     /// Behind a lock because a step's commit may finish while the next step trains.
     pub committed: Mutex<Committed>,
@@ -96,7 +99,7 @@ impl StepContext<'_> {
 
 /// The groups a step from checkpoint `current_step` may train (DESIGN §5b); up to a step's
 /// worth of too-old groups ride along to be skipped `stale` with it.
-pub(crate) fn policy_window(cfg: &TrainConfig, current_step: i64) -> PolicyWindow {
+pub(crate) fn policy_window(cfg: &TrainConfig, current_step: StepNumber) -> PolicyWindow {
     PolicyWindow {
         current_step,
         accepted_staleness: cfg.accepted_staleness(),
@@ -125,7 +128,7 @@ pub(crate) struct SavedStep {
 impl SavedStep {
     /// The step number this step commits as.
     pub(super) fn step(&self) -> StepNumber {
-        StepNumber(self.trained.step)
+        self.trained.step
     }
 }
 
@@ -141,7 +144,7 @@ pub(crate) struct ReadyStep {
 impl ReadyStep {
     /// The step number this step commits as.
     pub(super) fn step(&self) -> StepNumber {
-        StepNumber(self.run.current_step + 1)
+        self.run.current_step.next()
     }
 }
 
@@ -164,7 +167,7 @@ pub(crate) enum Trained {
 /// Claims and prepares one step from checkpoint `current`. A step given up on the way hands its
 /// groups back.
 pub(crate) async fn claim_and_prepare(ctx: &StepContext<'_>, current: StepNumber, plan: BatchPlan) -> Result<Claimed> {
-    let current_step = current.get();
+    let current_step = current;
     let started_at = Utc::now();
     let clock = Instant::now();
     let claim = claim_groups(
@@ -225,7 +228,7 @@ struct StepRun {
     claim: Claim,
     /// Cancelled on shutdown or when the claim is lost.
     stop: CancellationToken,
-    current_step: i64,
+    current_step: StepNumber,
     started_at: chrono::DateTime<Utc>,
     claim_s: f64,
     /// Seconds spent assembling the batch before the claim.
@@ -263,12 +266,13 @@ impl StepRun {
 async fn prepare(ctx: &StepContext<'_>, run: &StepRun) -> Result<Option<(Box<PreparedStep>, f64)>> {
     let (claim, current_step, started_at) = (&run.claim, run.current_step, run.started_at);
     let clock = Instant::now();
-    let (groups, cfg, tokenizer) = (claim.groups.clone(), ctx.cfg.clone(), ctx.tokenizer.clone());
-    let prepared = tokio::task::spawn_blocking(move || prepare_step(&groups, &cfg, current_step, &tokenizer))
+    let (groups, cfg, tokenizer, vocab) =
+        (claim.groups.clone(), ctx.cfg.clone(), ctx.tokenizer.clone(), ctx.vocab_size);
+    let prepared = tokio::task::spawn_blocking(move || prepare_step(&groups, &cfg, current_step, &tokenizer, vocab))
         .await
         .map_err(Error::task("tokenizer task"))??;
     let prepare_s = clock.elapsed().as_secs_f64();
-    tracing::info!(model = %ctx.opts.model, step = current_step + 1, "{}", prepared.report);
+    tracing::info!(model = %ctx.opts.model, step = %current_step.next(), "{}", prepared.report);
     if prepared.report.kept.is_empty() {
         let pass = skipped_pass(ctx, claim, &prepared, current_step, started_at);
         record_skipped_pass(ctx.pool, claim.token, &pass, &prepared.report.skipped).await?;
@@ -290,14 +294,14 @@ async fn train_save(
 ) -> Result<TrainedStep> {
     let (current_step, started_at, claim_s) = (run.current_step, run.started_at, run.claim_s);
     run.check(ctx)?;
-    super::fault_hook::pause_if_requested("train", current_step + 1).await;
+    super::fault_hook::pause_if_requested("train", current_step.next()).await;
     let clock = Instant::now();
     let real_tokens: usize = prepared.batches.iter().map(MicroBatch::real_tokens).sum();
     let metrics = ctx.engine.train(std::mem::take(&mut prepared.batches), &run.stop).await?;
     let train_s = clock.elapsed().as_secs_f64();
     run.check(ctx)?;
 
-    let step = current_step + 1;
+    let step = current_step.next();
     let clock = Instant::now();
     let staged = ctx.opts.work_dir.join("staging").join(format!("{step:06}"));
     let _ = std::fs::remove_dir_all(&staged);
@@ -312,7 +316,7 @@ async fn train_save(
 
 /// A trained step, saved locally and not yet uploaded.
 struct TrainedStep {
-    step: i64,
+    step: StepNumber,
     started_at: chrono::DateTime<Utc>,
     /// Seconds of the phases so far (claim, prepare, train, save).
     timings: serde_json::Value,
@@ -357,8 +361,8 @@ async fn commit_locked(
     let TrainedStep { step, started_at, mut timings, metrics, real_tokens, format, staged } = trained;
     let claim = &run.claim;
     let now_at = lock.current_step().await?;
-    if now_at != StepNumber(step - 1) {
-        let (model, step) = (ctx.opts.model.clone(), StepNumber(step));
+    if now_at.next() != step {
+        let model = ctx.opts.model.clone();
         return Err(trainq_queue::Error::StepTaken { model, step, now_at }.into());
     }
     let clock = Instant::now();
@@ -369,7 +373,7 @@ async fn commit_locked(
     record.loss_parts["real_tokens"] = json!(real_tokens);
     let checkpoint = CheckpointRecord {
         model: ctx.opts.model.clone(),
-        step: StepNumber(step),
+        step,
         uri: uploaded.uri.clone(),
         format: format.as_str().to_string(),
         bytes: uploaded.total_bytes as i64,
@@ -380,7 +384,7 @@ async fn commit_locked(
     commit_step(ctx.pool, &record, Some(&checkpoint), claim.token, &prepared.report.kept, &prepared.report.skipped)
         .await?;
     record.timings["commit"] = json!(clock.elapsed().as_secs_f64());
-    ctx.set_committed(StepNumber(step), Some(staged));
+    ctx.set_committed(step, Some(staged));
     Ok(StepOutcome::Committed(Box::new(record)))
 }
 
@@ -389,13 +393,13 @@ async fn commit_locked(
 async fn upload_with_retry(
     ctx: &StepContext<'_>,
     run: &StepRun,
-    step: i64,
+    step: StepNumber,
     format: trainq_queue::storage::CheckpointFormat,
     staged: &std::path::Path,
 ) -> Result<UploadedCheckpoint> {
     let options = UploadOptions::default();
     loop {
-        let upload = upload_checkpoint(ctx.store, &ctx.opts.model, StepNumber(step), format, staged, &options, &|_| {});
+        let upload = upload_checkpoint(ctx.store, &ctx.opts.model, step, format, staged, &options, &|_| {});
         let attempt = tokio::select! {
             _ = run.stop.cancelled() => return Err(run.stop_reason(ctx)),
             attempt = upload => attempt,
@@ -403,7 +407,7 @@ async fn upload_with_retry(
         match attempt {
             Ok(uploaded) => return Ok(uploaded),
             Err(err) => {
-                tracing::warn!(model = %ctx.opts.model, step, "upload failed, retrying: {err}");
+                tracing::warn!(model = %ctx.opts.model, %step, "upload failed, retrying: {err}");
                 tokio::select! {
                     _ = run.stop.cancelled() => return Err(run.stop_reason(ctx)),
                     _ = tokio::time::sleep(ctx.opts.upload_retry_pause) => {}
@@ -416,7 +420,7 @@ async fn upload_with_retry(
 /// Gives a prepared step's groups back because the step it was to train on top of was not
 /// trained or committed.
 pub(crate) async fn give_back_ready(ctx: &StepContext<'_>, ready: ReadyStep) -> StepOutcome {
-    let previous = StepNumber(ready.run.current_step);
+    let previous = ready.run.current_step;
     let outcome = give_back(ctx, &ready.run.claim, Error::PreviousStepNotCommitted { step: previous }).await;
     let _ = ready.heartbeat.stop().await;
     outcome
@@ -426,7 +430,7 @@ pub(crate) async fn give_back_ready(ctx: &StepContext<'_>, ready: ReadyStep) -> 
 /// was not; its checkpoint is never uploaded.
 pub(crate) async fn give_back_saved(ctx: &StepContext<'_>, saved: SavedStep) -> StepOutcome {
     let SavedStep { run, heartbeat, trained, .. } = saved;
-    let previous = StepNumber(trained.step - 1);
+    let previous = StepNumber(trained.step.get() - 1);
     let outcome = give_back(ctx, &run.claim, Error::PreviousStepNotCommitted { step: previous }).await;
     let _ = heartbeat.stop().await;
     let _ = std::fs::remove_dir_all(&trained.staged);
@@ -459,16 +463,16 @@ fn step_record(
     claim: &Claim,
     prepared: &PreparedStep,
     metrics: &StepMetrics,
-    step: i64,
+    step: StepNumber,
     started_at: chrono::DateTime<Utc>,
     timings: serde_json::Value,
     uploaded: &UploadedCheckpoint,
 ) -> StepRecord {
-    let summary = summarize_trained(&prepared.trained, step - 1);
+    let summary = summarize_trained(&prepared.trained, StepNumber(step.get() - 1));
     let claimed = summarize_claimed(&claimed_rewards(claim, prepared));
     StepRecord {
         model: ctx.opts.model.clone(),
-        step: StepNumber(step),
+        step,
         worker_id: ctx.opts.worker_id.clone(),
         async_weight_syncing: ctx.cfg.queue.async_weight_syncing,
         started_at,
@@ -514,7 +518,7 @@ fn skipped_pass(
     ctx: &StepContext<'_>,
     claim: &Claim,
     prepared: &PreparedStep,
-    current_step: i64,
+    current_step: StepNumber,
     started_at: chrono::DateTime<Utc>,
 ) -> SkippedPass {
     let claimed = summarize_claimed(&claimed_rewards(claim, prepared));

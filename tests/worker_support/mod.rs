@@ -74,7 +74,12 @@ pub fn group_of(rewards: &[f64]) -> Value {
 pub async fn submit(pool: &PgPool, model: &str, rewards: &[&[f64]], policy_version: Option<i64>) -> Vec<GroupId> {
     let groups: Vec<NewGroup> = rewards
         .iter()
-        .map(|r| NewGroup { model: model.into(), trajectories: group_of(r), policy_version, metadata: json!({}) })
+        .map(|r| NewGroup {
+            model: model.into(),
+            trajectories: group_of(r),
+            policy_version: policy_version.map(trainq_queue::StepNumber),
+            metadata: json!({}),
+        })
         .collect();
     submit_groups(pool, &groups).await.expect("submit groups")
 }

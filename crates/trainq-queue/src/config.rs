@@ -42,6 +42,9 @@ pub const DEFAULT_MAX_STALENESS: i64 = 1;
 pub const DEFAULT_LEASE_SECONDS: i64 = 600;
 /// Default number of claims of one group before it is marked failed.
 pub const DEFAULT_MAX_ATTEMPTS: i32 = 3;
+/// Default wait, in seconds, before a group whose claim ended without a result can be claimed
+/// again; it doubles with each attempt (at most 16 times this).
+pub const DEFAULT_RETRY_BACKOFF_SECONDS: f64 = 10.0;
 /// Default tolerance under which a group's reward std counts as zero.
 pub const DEFAULT_ZERO_VARIANCE_TOLERANCE: f64 = 1e-6;
 /// Default longest wait, in seconds, for a full batch of `groups_per_step` eligible groups after
@@ -275,6 +278,9 @@ pub struct QueueConfig {
     pub lease_seconds: i64,
     /// Claims of one group before it is marked failed.
     pub max_attempts: i32,
+    /// Seconds a group whose claim ended without a result (lease expired, released after an
+    /// error) waits before it can be claimed again, doubling with each attempt (at most 16×).
+    pub retry_backoff_seconds: f64,
     /// Longest wait, in seconds, for `groups_per_step` eligible groups after the first eligible
     /// one arrived; then the step trains what it has and its row says so (`groups_wanted`).
     pub max_batch_wait_seconds: f64,
@@ -315,6 +321,7 @@ impl Default for QueueConfig {
             max_staleness: DEFAULT_MAX_STALENESS,
             lease_seconds: DEFAULT_LEASE_SECONDS,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
+            retry_backoff_seconds: DEFAULT_RETRY_BACKOFF_SECONDS,
             max_batch_wait_seconds: DEFAULT_MAX_BATCH_WAIT_SECONDS,
             unknown_policy_version: UnknownPolicyVersion::Stale,
         }
@@ -386,6 +393,11 @@ impl TrainConfig {
         check(q.max_staleness >= 0, "queue.max_staleness", "must not be negative")?;
         check(q.lease_seconds > 0, "queue.lease_seconds", "must be positive")?;
         check(q.max_attempts > 0, "queue.max_attempts", "must be positive")?;
+        check(
+            q.retry_backoff_seconds >= 0.0 && q.retry_backoff_seconds.is_finite(),
+            "queue.retry_backoff_seconds",
+            "must be a finite number of seconds, 0 or more",
+        )?;
         check(
             q.max_batch_wait_seconds >= 0.0 && q.max_batch_wait_seconds.is_finite(),
             "queue.max_batch_wait_seconds",

@@ -74,6 +74,16 @@ impl fmt::Display for StepNumber {
     }
 }
 
+/// The number of steps from `earlier` to `self`: a group's policy lag is
+/// `current_step - policy_version`.
+impl std::ops::Sub for StepNumber {
+    type Output = i64;
+
+    fn sub(self, earlier: StepNumber) -> i64 {
+        self.0 - earlier.0
+    }
+}
+
 /// A step compares with a raw number (`step == 3`), the way a reader of `trainq.steps` does.
 impl PartialEq<i64> for StepNumber {
     fn eq(&self, other: &i64) -> bool {
@@ -101,6 +111,7 @@ mod tests {
     fn step_numbers_format_like_store_directories() {
         assert_eq!(format!("{:06}", StepNumber(42)), "000042");
         assert_eq!(StepNumber::BASE.next(), StepNumber(1));
+        assert_eq!(StepNumber(7) - StepNumber(4), 3);
     }
 
     #[test]

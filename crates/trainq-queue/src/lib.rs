@@ -23,7 +23,7 @@
 //!         {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}], "reward": 1.0},
 //!         {"messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "5"}], "reward": 0.0},
 //!     ]),
-//!     policy_version: Some(0),
+//!     policy_version: Some(trainq_queue::StepNumber(0)),
 //!     metadata: json!({}),
 //! };
 //! let id = trainq_queue::submit_group(&pool, &group).await?;

@@ -114,7 +114,7 @@ fn group(rng: &mut StdRng, args: &ProduceArgs, version: i64) -> NewGroup {
     NewGroup {
         model: args.model.clone(),
         trajectories: Value::Array(trajectories),
-        policy_version: Some(version),
+        policy_version: Some(trainq_queue::StepNumber(version)),
         metadata: json!({"source": "trainq bench produce"}),
     }
 }

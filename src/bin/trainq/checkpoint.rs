@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use trainq_queue::db::databases::redact_database_url;
 use trainq_queue::db::steps::{checkpoint_at, latest_checkpoint};
 use trainq_queue::storage::store::store_url_of;
 use trainq_queue::storage::{fetch_checkpoint, latest_complete_step, read_manifest, FetchOptions, Store};
@@ -63,13 +64,13 @@ async fn fetch(args: FetchArgs) -> Result<()> {
     };
     let store_url = match (&args.store, &recorded) {
         (Some(url), _) => url.clone(),
-        (None, Some((step, uri))) => store_url_of(uri, &model, *step).context("pass --store")?,
+        (None, Some((step, uri, _))) => store_url_of(uri, &model, *step).context("pass --store")?,
         (None, None) => bail!("--store (or TRAINQ_STORE) is required without --database-url"),
     };
     let store = Store::open(&store_url).with_context(|| format!("opening store {store_url}"))?;
-    let step = match recorded {
-        Some((step, _)) => step,
-        None => resolve_step(&store, &model, &args.step).await?,
+    let (step, expected_manifest_sha256) = match recorded {
+        Some((step, _, sha256)) => (step, Some(sha256)),
+        None => (resolve_step(&store, &model, &args.step).await?, None),
     };
     let manifest = read_manifest(&store, &model, step).await?;
     let bar = ProgressBar::new(manifest.total_bytes);
@@ -79,7 +80,8 @@ async fn fetch(args: FetchArgs) -> Result<()> {
             .progress_chars("=> "),
     );
     bar.set_message(format!("{model} step {step}"));
-    let options = FetchOptions { replace_existing: args.force, ..FetchOptions::default() };
+    // With a database, the manifest must be the one the commit recorded.
+    let options = FetchOptions { replace_existing: args.force, expected_manifest_sha256, ..FetchOptions::default() };
     let progress = |n: u64| bar.inc(n);
     let fetched = fetch_checkpoint(&store, &model, step, &args.to, &options, &progress).await;
     bar.finish_and_clear();
@@ -95,22 +97,26 @@ async fn fetch(args: FetchArgs) -> Result<()> {
 }
 
 /// With a database: the checkpoint row named by `step` (`latest` through
-/// `trainq.latest_checkpoint`), as (step, recorded URI).
-async fn recorded_checkpoint(database_url: &str, model: &str, step: &str) -> Result<Option<(StepNumber, String)>> {
+/// `trainq.latest_checkpoint`), as (step, recorded URI, recorded manifest sha256).
+async fn recorded_checkpoint(
+    database_url: &str,
+    model: &str,
+    step: &str,
+) -> Result<Option<(StepNumber, String, String)>> {
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)
         .connect(database_url)
         .await
-        .context("connect to PostgreSQL")?;
+        .with_context(|| format!("connect to {}", redact_database_url(database_url)))?;
     let found = if step == "latest" {
-        latest_checkpoint(&pool, model).await?.map(|c| (c.step, c.uri))
+        latest_checkpoint(&pool, model).await?.map(|c| (c.step, c.uri, c.sha256))
     } else {
         let step: i64 = step.parse().with_context(|| format!("--step {step:?} is neither a number nor `latest`"))?;
-        checkpoint_at(&pool, model, StepNumber(step)).await?.map(|c| (c.step, c.uri))
+        checkpoint_at(&pool, model, StepNumber(step)).await?.map(|c| (c.step, c.uri, c.sha256))
     };
     pool.close().await;
     match found {
-        Some((step, uri)) => Ok(Some((step, uri))),
+        Some(found) => Ok(Some(found)),
         None => bail!("model {model:?} has no committed checkpoint at step {step}"),
     }
 }

@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
+use trainq_queue::db::databases::redact_database_url;
 
 /// Where the database is; every command takes it.
 #[derive(clap::Args, Debug, Clone)]
@@ -19,18 +20,7 @@ impl DatabaseArgs {
             .max_connections(max_connections)
             .connect(&self.database_url)
             .await
-            .with_context(|| format!("connect to {}", redact(&self.database_url)))
-    }
-}
-
-/// The URL with any password replaced by `***`, for messages.
-fn redact(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) if u.password().is_some() => {
-            let _ = u.set_password(Some("***"));
-            u.to_string()
-        }
-        _ => url.to_string(),
+            .with_context(|| format!("connect to {}", redact_database_url(&self.database_url)))
     }
 }
 

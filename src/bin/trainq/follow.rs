@@ -7,6 +7,7 @@ use anyhow::{Context, Result};
 use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 use trainq::follow::{follow_checkpoints, FollowOptions, DEFAULT_KEEP};
+use trainq_queue::db::databases::redact_database_url;
 
 use crate::database::{block_on, DatabaseArgs};
 
@@ -51,7 +52,7 @@ pub(crate) fn run(args: FollowArgs) -> Result<()> {
             .max_connections(2)
             .acquire_timeout(ACQUIRE_TIMEOUT)
             .connect_lazy(&args.db.database_url)
-            .context("parse --database-url")?;
+            .with_context(|| format!("parse --database-url {}", redact_database_url(&args.db.database_url)))?;
         let mut options = FollowOptions::new(&args.model, args.dir);
         options.keep = args.keep;
         options.store_url = args.store;

@@ -67,9 +67,13 @@ pub(crate) struct CreateArgs {
     /// Largest number of trajectories accepted in one group.
     #[arg(long, default_value_t = db::models::DEFAULT_MAX_GROUP_TRAJECTORIES)]
     max_group_trajectories: i32,
-    /// Largest jsonb size of one group's trajectories, in bytes.
+    /// Largest uncompressed jsonb size of one group's trajectories, in bytes.
     #[arg(long, default_value_t = db::models::DEFAULT_MAX_GROUP_BYTES)]
     max_group_bytes: i32,
+    /// Token ids of the model lie in [0, N): larger ones are refused on insert (TQ022).
+    /// Default: `vocab_size` from the base's config.json (unknown, and unchecked, without one).
+    #[arg(long)]
+    vocab_size: Option<i32>,
     #[command(flatten)]
     db: DatabaseArgs,
 }
@@ -110,16 +114,23 @@ pub(crate) fn run(command: ModelCommand) -> Result<()> {
     block_on(async move {
         match command {
             ModelCommand::Create(args) => {
+                let vocab_size = match args.vocab_size {
+                    Some(n) => Some(n),
+                    None => base_vocab_size(&args.base).await?,
+                };
                 let model = NewModel {
                     name: args.name.clone(),
                     base: args.base.clone(),
                     config: args.train_config()?,
                     max_group_trajectories: args.max_group_trajectories,
                     max_group_bytes: args.max_group_bytes,
+                    vocab_size,
                 };
                 let pool = args.db.connect(2).await?;
                 let created = db::create_model(&pool, &model).await?;
-                println!("created model {} (base {})", created.name, created.base);
+                let vocab =
+                    created.vocab_size.map_or("unknown, token ids unchecked on insert".into(), |n| n.to_string());
+                println!("created model {} (base {}, vocab_size {vocab})", created.name, created.base);
             }
             ModelCommand::List { db: args } => {
                 let pool = args.connect(2).await?;
@@ -135,6 +146,7 @@ pub(crate) fn run(command: ModelCommand) -> Result<()> {
                 let shown = serde_json::json!({
                     "name": m.name, "base": m.base, "current_step": m.current_step,
                     "max_group_trajectories": m.max_group_trajectories, "max_group_bytes": m.max_group_bytes,
+                    "vocab_size": m.vocab_size,
                     "created_at": m.created_at, "config": m.config,
                     "latest_checkpoint": db::latest_checkpoint(&pool, &name).await?,
                 });
@@ -143,4 +155,22 @@ pub(crate) fn run(command: ModelCommand) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// The base model's vocabulary size from its config.json, when it has one we can read; a base
+/// that is not reachable from here only leaves the size unknown (with a note).
+async fn base_vocab_size(base: &str) -> Result<Option<i32>> {
+    match trainq_queue::storage::read_vocab_size(base).await {
+        Ok(Some(n)) => Ok(Some(i32::try_from(n).with_context(|| format!("{base}/config.json: vocab_size {n}"))?)),
+        Ok(None) => {
+            eprintln!("note: no vocab_size in {base}/config.json; pass --vocab-size to check token ids on insert");
+            Ok(None)
+        }
+        Err(err) => {
+            eprintln!(
+                "note: could not read {base}/config.json ({err}); pass --vocab-size to check token ids on insert"
+            );
+            Ok(None)
+        }
+    }
 }

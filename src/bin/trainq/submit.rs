@@ -121,7 +121,7 @@ mod tests {
     #[test]
     fn a_line_may_be_a_full_group_or_with_model_given_an_object_or_array() {
         let g = parse_line(r#"{"model": "a", "trajectories": [], "policy_version": 2}"#, Some("b")).unwrap();
-        assert_eq!((g.model.as_str(), g.policy_version), ("a", Some(2)));
+        assert_eq!((g.model.as_str(), g.policy_version), ("a", Some(trainq_queue::StepNumber(2))));
         let g = parse_line(r#"{"trajectories": [1], "metadata": {"k": 1}}"#, Some("b")).unwrap();
         assert_eq!((g.model.as_str(), g.metadata["k"].as_i64()), ("b", Some(1)));
         let g = parse_line(r#"[{"reward": 1}]"#, Some("b")).unwrap();

@@ -1,12 +1,16 @@
 //! Table `trainq.groups`, worker side: claim a batch with a lease, extend it, and finish groups
 //! (skip, fail, release) fenced on the claim token; the rescuer's query for expired leases.
+//!
+//! A claimed group's JSON is decoded row by row: a group the worker cannot decode (stored before
+//! the database refused such input, e.g. a number beyond a double) comes back marked
+//! [`ClaimedGroup::unusable`], to be skipped `invalid` on its own; it never fails the claim.
 
-use crate::ids::{ClaimToken, GroupId};
+use crate::ids::{ClaimToken, GroupId, StepNumber};
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres};
 
 use super::sqlstate;
-use crate::config::{UnknownPolicyVersion, DEFAULT_MAX_ATTEMPTS};
+use crate::config::{UnknownPolicyVersion, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF_SECONDS};
 use crate::error::{Error, Result};
 use crate::rl::{GroupRewards, SkippedGroup};
 
@@ -33,7 +37,7 @@ pub struct ClaimParams {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PolicyWindow {
     /// The model's current step (the checkpoint the step starts from).
-    pub current_step: i64,
+    pub current_step: StepNumber,
     /// Largest accepted lag: 0 when on-policy, `max_staleness` with async weight syncing.
     pub accepted_staleness: i64,
     /// What a NULL `policy_version` is.
@@ -52,6 +56,11 @@ pub(crate) fn eligible_sql(current_step: &str, accepted_staleness: &str, unknown
     )
 }
 
+/// SQL predicate (on `trainq.groups`) for a pending group whose retry backoff is over at `now`.
+pub(crate) fn ready_sql(now: &str) -> String {
+    format!("(retry_after IS NULL OR retry_after <= {now})")
+}
+
 /// A claimed batch: the token that fences every later write, and the groups, oldest first.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
@@ -64,13 +73,13 @@ pub struct Claim {
 }
 
 /// One claimed group, as submitted plus the statistics computed on insert.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClaimedGroup {
     /// Group id.
     pub id: GroupId,
     /// Checkpoint step the rollouts were sampled from.
-    pub policy_version: Option<i64>,
-    /// The JSON array of trajectories, as submitted.
+    pub policy_version: Option<StepNumber>,
+    /// The JSON array of trajectories, as submitted (`null` when the group is unusable).
     pub trajectories: serde_json::Value,
     /// Mean reward.
     pub reward_mean: f64,
@@ -80,8 +89,50 @@ pub struct ClaimedGroup {
     pub reward_count: i32,
     /// Earlier claims of this group that ended without a result.
     pub attempts: i32,
-    /// The producer's metadata object.
+    /// The producer's metadata object (`null` when the group is unusable).
     pub metadata: serde_json::Value,
+    /// Why the stored group cannot be used, when its JSON did not decode: e.g.
+    /// `trajectories: number out of range at line 1 column 40`.
+    pub unusable: Option<String>,
+}
+
+/// A claimed row as the database returns it: the JSON columns as text, decoded per row.
+#[derive(sqlx::FromRow)]
+struct ClaimedRow {
+    id: GroupId,
+    policy_version: Option<StepNumber>,
+    trajectories: String,
+    reward_mean: f64,
+    reward_std: f64,
+    reward_count: i32,
+    attempts: i32,
+    metadata: String,
+}
+
+impl ClaimedRow {
+    /// Decodes the JSON columns; a failure marks the group unusable instead of failing the claim.
+    fn decode(self) -> ClaimedGroup {
+        let decoded = serde_json::from_str(&self.trajectories)
+            .map_err(|e| format!("trajectories: {e}"))
+            .and_then(|t| Ok((t, serde_json::from_str(&self.metadata).map_err(|e| format!("metadata: {e}"))?)));
+        let (trajectories, metadata, unusable) = match decoded {
+            Ok((t, m)) => (t, m, None),
+            Err(e) => {
+                (serde_json::Value::Null, serde_json::Value::Null, Some(format!("stored JSON does not decode: {e}")))
+            }
+        };
+        ClaimedGroup {
+            id: self.id,
+            policy_version: self.policy_version,
+            trajectories,
+            reward_mean: self.reward_mean,
+            reward_std: self.reward_std,
+            reward_count: self.reward_count,
+            attempts: self.attempts,
+            metadata,
+            unusable,
+        }
+    }
 }
 
 impl ClaimedGroup {
@@ -93,7 +144,12 @@ impl ClaimedGroup {
 
     /// The plain data [`crate::rl::filter_groups`] needs.
     pub fn to_group_rewards(&self) -> GroupRewards {
-        GroupRewards { id: self.id, rewards: self.rewards(), policy_version: self.policy_version }
+        GroupRewards {
+            id: self.id,
+            rewards: self.rewards(),
+            policy_version: self.policy_version,
+            unusable: self.unusable.clone(),
+        }
     }
 }
 
@@ -102,27 +158,28 @@ impl ClaimedGroup {
 ///
 /// With a [`PolicyWindow`], `limit` counts eligible groups only (oldest first), and up to
 /// `too_old_limit` groups too old for any future step are claimed with them, so the step skips
-/// them `stale` and records it.
+/// them `stale` and records it. Groups whose `retry_after` lies ahead are left for later.
 pub async fn claim_groups(pool: &PgPool, params: &ClaimParams) -> Result<Claim> {
     let token = ClaimToken::new();
     let eligible = eligible_sql("$7", "$8", "$9");
+    let ready = ready_sql("coalesce($5, now())");
     let sql = format!(
         "WITH eligible AS ( \
-             SELECT id FROM trainq.groups WHERE model = $1 AND state = 'pending' AND ($7::bigint IS NULL OR {eligible}) \
-             ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED), \
+             SELECT id FROM trainq.groups WHERE model = $1 AND state = 'pending' AND {ready} \
+             AND ($7::bigint IS NULL OR {eligible}) ORDER BY id LIMIT $3 FOR UPDATE SKIP LOCKED), \
          too_old AS ( \
-             SELECT id FROM trainq.groups WHERE model = $1 AND state = 'pending' AND $7::bigint IS NOT NULL \
+             SELECT id FROM trainq.groups WHERE model = $1 AND state = 'pending' AND {ready} AND $7::bigint IS NOT NULL \
              AND NOT {eligible} ORDER BY id LIMIT $10 FOR UPDATE SKIP LOCKED), \
          picked AS (SELECT id FROM eligible UNION ALL SELECT id FROM too_old) \
          UPDATE trainq.groups g \
          SET state = 'claimed', claim_token = $4, claimed_by = $2, claimed_at = coalesce($5, now()), \
              lease_expires_at = coalesce($5, now()) + make_interval(secs => $6) \
          FROM picked WHERE g.id = picked.id \
-         RETURNING g.id, g.policy_version, g.trajectories, g.reward_mean, g.reward_std, g.reward_count, \
-                   g.attempts, g.metadata"
+         RETURNING g.id, g.policy_version, g.trajectories::text AS trajectories, g.reward_mean, g.reward_std, \
+                   g.reward_count, g.attempts, g.metadata::text AS metadata"
     );
     let window = params.window.as_ref();
-    let mut groups: Vec<ClaimedGroup> = sqlx::query_as(&sql)
+    let rows: Vec<ClaimedRow> = sqlx::query_as(&sql)
         .bind(&params.model)
         .bind(&params.worker_id)
         .bind(params.limit)
@@ -136,6 +193,7 @@ pub async fn claim_groups(pool: &PgPool, params: &ClaimParams) -> Result<Claim> 
         .fetch_all(pool)
         .await
         .map_err(Error::db(format!("claim groups of model {:?}", params.model)))?;
+    let mut groups: Vec<ClaimedGroup> = rows.into_iter().map(ClaimedRow::decode).collect();
     groups.sort_by_key(|g| g.id);
     Ok(Claim { token, model: params.model.clone(), groups })
 }
@@ -254,11 +312,12 @@ pub async fn unclaim_groups(pool: &PgPool, token: ClaimToken, ids: &[GroupId]) -
     execute_fenced(query, pool, pool, ids, format!("unclaim {} group(s) of claim {token}", ids.len())).await
 }
 
-/// Gives groups back after an error, fenced on `token`: attempts + 1, then `pending` again, or
-/// `failed` once attempts reach the model's `queue.max_attempts`; `error` is kept either way.
+/// Gives groups back after an error, fenced on `token`: attempts + 1, then `pending` again (not
+/// claimable before its retry backoff is over), or `failed` once attempts reach the model's
+/// `queue.max_attempts`; `error` is kept either way.
 pub async fn release_groups(pool: &PgPool, token: ClaimToken, ids: &[GroupId], error: &str) -> Result<()> {
-    let sql =
-        fenced(&format!("{RETRY_OR_FAIL} g.id = ANY($5) AND g.claim_token = $4 AND g.state = 'claimed'"), "$6::bigint");
+    let update = format!("{} g.id = ANY($5) AND g.claim_token = $4 AND g.state = 'claimed'", retry_or_fail());
+    let sql = fenced(&update, "$6::bigint");
     let query = sqlx::query(&sql)
         .bind(error)
         .bind(DEFAULT_MAX_ATTEMPTS)
@@ -270,17 +329,25 @@ pub async fn release_groups(pool: &PgPool, token: ClaimToken, ids: &[GroupId], e
 }
 
 /// The update shared by release and rescue: $1 error text, $2 default max_attempts, $3 clock.
-const RETRY_OR_FAIL: &str = "\
-    UPDATE trainq.groups g \
-    SET attempts = g.attempts + 1, \
-        state = CASE WHEN g.attempts + 1 >= coalesce((m.config -> 'queue' ->> 'max_attempts')::int, $2) \
-                     THEN 'failed' ELSE 'pending' END::trainq.group_state, \
-        error = format('%s (attempt %s of %s, worker %s)', $1::text, g.attempts + 1, \
-                       coalesce((m.config -> 'queue' ->> 'max_attempts')::int, $2), g.claimed_by), \
-        finished_at = CASE WHEN g.attempts + 1 >= coalesce((m.config -> 'queue' ->> 'max_attempts')::int, $2) \
-                           THEN coalesce($3, now()) END, \
-        claim_token = NULL, lease_expires_at = NULL \
-    FROM trainq.models m WHERE m.name = g.model AND";
+/// A group going back to pending waits `queue.retry_backoff_seconds × 2^(attempts − 1)`, at
+/// most 16 times the base, before it can be claimed again (`retry_after`).
+fn retry_or_fail() -> String {
+    let max_attempts = "coalesce((m.config -> 'queue' ->> 'max_attempts')::int, $2)";
+    let backoff = format!(
+        "coalesce((m.config -> 'queue' ->> 'retry_backoff_seconds')::float8, {DEFAULT_RETRY_BACKOFF_SECONDS:?})"
+    );
+    format!(
+        "UPDATE trainq.groups g \
+         SET attempts = g.attempts + 1, \
+             state = CASE WHEN g.attempts + 1 >= {max_attempts} THEN 'failed' ELSE 'pending' END::trainq.group_state, \
+             error = format('%s (attempt %s of %s, worker %s)', $1::text, g.attempts + 1, {max_attempts}, g.claimed_by), \
+             finished_at = CASE WHEN g.attempts + 1 >= {max_attempts} THEN coalesce($3, now()) END, \
+             retry_after = CASE WHEN g.attempts + 1 < {max_attempts} THEN coalesce($3, now()) \
+                 + make_interval(secs => least({backoff} * 2::float8 ^ g.attempts, {backoff} * 16)) END, \
+             claim_token = NULL, lease_expires_at = NULL \
+         FROM trainq.models m WHERE m.name = g.model AND"
+    )
+}
 
 /// What one rescuer pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -292,14 +359,16 @@ pub struct RescueReport {
 }
 
 /// Returns every group whose lease expired before `now` (default: the database clock) to
-/// `pending` with attempts + 1, or marks it `failed` once attempts reach `queue.max_attempts`.
+/// `pending` with attempts + 1 and a retry backoff, or marks it `failed` once attempts reach
+/// `queue.max_attempts`.
 pub async fn rescue_expired(pool: &PgPool, now: Option<DateTime<Utc>>) -> Result<RescueReport> {
     let (returned, failed): (i64, i64) = sqlx::query_as(&format!(
         "WITH expired AS ( \
              SELECT id FROM trainq.groups WHERE state = 'claimed' AND lease_expires_at < coalesce($3, now()) \
              FOR UPDATE SKIP LOCKED), \
-         done AS ({RETRY_OR_FAIL} g.id IN (SELECT id FROM expired) AND g.state = 'claimed' RETURNING g.state) \
-         SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'failed') FROM done"
+         done AS ({} g.id IN (SELECT id FROM expired) AND g.state = 'claimed' RETURNING g.state) \
+         SELECT count(*) FILTER (WHERE state = 'pending'), count(*) FILTER (WHERE state = 'failed') FROM done",
+        retry_or_fail()
     ))
     .bind("lease expired")
     .bind(DEFAULT_MAX_ATTEMPTS)

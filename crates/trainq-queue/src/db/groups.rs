@@ -20,7 +20,7 @@ pub struct NewGroup {
     pub trajectories: serde_json::Value,
     /// Checkpoint step the rollouts were sampled from.
     #[serde(default)]
-    pub policy_version: Option<i64>,
+    pub policy_version: Option<StepNumber>,
     /// Any JSON object.
     #[serde(default = "empty_object")]
     pub metadata: serde_json::Value,
@@ -73,20 +73,24 @@ pub async fn count_pending(pool: &PgPool, model: &str) -> Result<i64> {
         .map_err(Error::db(format!("count pending groups of model {model:?}")))
 }
 
-/// Whether `model` has at least one pending group.
+/// Whether `model` has at least one pending group that may be claimed now (its retry backoff,
+/// if any, is over).
 pub async fn has_pending(pool: &PgPool, model: &str) -> Result<bool> {
-    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM trainq.groups WHERE model = $1 AND state = 'pending')")
-        .bind(model)
-        .fetch_one(pool)
-        .await
-        .map_err(Error::db(format!("check pending groups of model {model:?}")))
+    let ready = super::claims::ready_sql("now()");
+    sqlx::query_scalar(&format!(
+        "SELECT EXISTS (SELECT 1 FROM trainq.groups WHERE model = $1 AND state = 'pending' AND {ready})"
+    ))
+    .bind(model)
+    .fetch_one(pool)
+    .await
+    .map_err(Error::db(format!("check pending groups of model {model:?}")))
 }
 
 /// What a step from one checkpoint could claim now (see [`super::claims::PolicyWindow`]).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct ClaimableGroups {
     /// The model's current step when counted (the window is only right if it equals the one asked).
-    pub current_step: i64,
+    pub current_step: StepNumber,
     /// Pending groups this step may train.
     pub eligible: i64,
     /// Seconds since the oldest eligible pending group was submitted (database clock).
@@ -96,22 +100,24 @@ pub struct ClaimableGroups {
 }
 
 /// Counts the pending groups of `model` that a step in `window` may train, and those too old
-/// for it, in one index scan of the pending groups.
+/// for it, in one index scan of the pending groups; groups still in their retry backoff are
+/// left out.
 pub async fn count_claimable(
     pool: &PgPool,
     model: &str,
     window: &super::claims::PolicyWindow,
 ) -> Result<ClaimableGroups> {
     let eligible = super::claims::eligible_sql("$2", "$3", "$4");
+    let ready = super::claims::ready_sql("now()");
     let sql = format!(
         "SELECT m.current_step, \
                 count(g.id) FILTER (WHERE {eligible}), \
                 extract(epoch FROM now() - min(g.created_at) FILTER (WHERE {eligible}))::float8, \
                 count(g.id) FILTER (WHERE NOT {eligible}) \
-         FROM trainq.models m LEFT JOIN trainq.groups g ON g.model = m.name AND g.state = 'pending' \
+         FROM trainq.models m LEFT JOIN trainq.groups g ON g.model = m.name AND g.state = 'pending' AND {ready} \
          WHERE m.name = $1 GROUP BY m.current_step"
     );
-    let row: Option<(i64, i64, Option<f64>, i64)> = sqlx::query_as(&sql)
+    let row: Option<(StepNumber, i64, Option<f64>, i64)> = sqlx::query_as(&sql)
         .bind(model)
         .bind(window.current_step)
         .bind(window.accepted_staleness)

@@ -25,8 +25,11 @@ pub struct Model {
     pub current_step: StepNumber,
     /// Largest number of trajectories accepted in one group.
     pub max_group_trajectories: i32,
-    /// Largest jsonb size of one group's trajectories, in bytes.
+    /// Largest uncompressed jsonb size of one group's trajectories, in bytes.
     pub max_group_bytes: i32,
+    /// Token ids lie in `[0, vocab_size)`; larger ones are refused on insert (TQ022). `None`:
+    /// unknown, not checked on insert.
+    pub vocab_size: Option<i32>,
     /// When the model was registered.
     pub created_at: DateTime<Utc>,
 }
@@ -42,8 +45,11 @@ pub struct NewModel {
     pub config: TrainConfig,
     /// Largest number of trajectories in one group.
     pub max_group_trajectories: i32,
-    /// Largest jsonb size of one group's trajectories, in bytes.
+    /// Largest uncompressed jsonb size of one group's trajectories, in bytes.
     pub max_group_bytes: i32,
+    /// The base model's vocabulary size (config.json `vocab_size`), if known: token ids at or
+    /// beyond it are refused on insert.
+    pub vocab_size: Option<i32>,
 }
 
 impl NewModel {
@@ -55,16 +61,18 @@ impl NewModel {
             config: TrainConfig::default(),
             max_group_trajectories: DEFAULT_MAX_GROUP_TRAJECTORIES,
             max_group_bytes: DEFAULT_MAX_GROUP_BYTES,
+            vocab_size: None,
         }
     }
 }
 
-type ModelRow = (String, String, serde_json::Value, i64, i32, i32, DateTime<Utc>);
+type ModelRow = (String, String, serde_json::Value, i64, i32, i32, Option<i32>, DateTime<Utc>);
 
-const MODEL_COLUMNS: &str = "name, base, config, current_step, max_group_trajectories, max_group_bytes, created_at";
+const MODEL_COLUMNS: &str =
+    "name, base, config, current_step, max_group_trajectories, max_group_bytes, vocab_size, created_at";
 
 fn model_from_row(row: ModelRow) -> Result<Model> {
-    let (name, base, config, current_step, max_group_trajectories, max_group_bytes, created_at) = row;
+    let (name, base, config, current_step, max_group_trajectories, max_group_bytes, vocab_size, created_at) = row;
     let config = TrainConfig::from_json(&config)
         .map_err(|e| Error::config(format!("model {name:?} stored config"), e.to_string()))?;
     Ok(Model {
@@ -74,6 +82,7 @@ fn model_from_row(row: ModelRow) -> Result<Model> {
         current_step: StepNumber(current_step),
         max_group_trajectories,
         max_group_bytes,
+        vocab_size,
         created_at,
     })
 }
@@ -83,14 +92,15 @@ pub async fn create_model(pool: &PgPool, model: &NewModel) -> Result<Model> {
     model.config.validate()?;
     let config = serde_json::to_value(&model.config).map_err(Error::json("model config"))?;
     let row: ModelRow = sqlx::query_as(&format!(
-        "INSERT INTO trainq.models (name, base, config, max_group_trajectories, max_group_bytes) \
-         VALUES ($1, $2, $3, $4, $5) RETURNING {MODEL_COLUMNS}"
+        "INSERT INTO trainq.models (name, base, config, max_group_trajectories, max_group_bytes, vocab_size) \
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING {MODEL_COLUMNS}"
     ))
     .bind(&model.name)
     .bind(&model.base)
     .bind(config)
     .bind(model.max_group_trajectories)
     .bind(model.max_group_bytes)
+    .bind(model.vocab_size)
     .fetch_one(pool)
     .await
     .map_err(Error::db(format!("create model {:?}", model.name)))?;

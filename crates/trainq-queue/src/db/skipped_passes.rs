@@ -7,7 +7,7 @@ use sqlx::PgPool;
 
 use super::claims::skip_with;
 use crate::error::{Error, Result};
-use crate::ids::ClaimToken;
+use crate::ids::{ClaimToken, StepNumber};
 use crate::rl::SkippedGroup;
 
 /// One pass that claimed groups and skipped them all.
@@ -16,7 +16,7 @@ pub struct SkippedPass {
     /// Model.
     pub model: String,
     /// The model's current step at the claim (the step not taken is this + 1).
-    pub current_step: i64,
+    pub current_step: StepNumber,
     /// Worker that claimed the groups.
     pub worker_id: String,
     /// When the claim was made.

@@ -10,7 +10,7 @@ pub const EMPTY_GROUP: &str = "TQ002";
 pub const TRAJECTORY_NOT_OBJECT: &str = "TQ003";
 /// `reward` is missing or not a number.
 pub const REWARD_NOT_NUMBER: &str = "TQ004";
-/// `reward` is NaN or infinite.
+/// `reward` is NaN or infinite, beyond ±1e100, or nonzero below 1e-100 in magnitude.
 pub const REWARD_NOT_FINITE: &str = "TQ005";
 /// Neither valid `messages` nor `prompt_ids`/`completion_ids` (missing, empty, both given).
 pub const MISSING_CONTENT: &str = "TQ006";
@@ -40,6 +40,12 @@ pub const PAYLOAD_TOO_LARGE: &str = "TQ017";
 pub const NOT_AN_OBJECT: &str = "TQ018";
 /// `tools` malformed.
 pub const TOOLS_MALFORMED: &str = "TQ019";
+/// A JSON number beyond the range of a double (|x| > 1.7976931348623157e308), anywhere in a group.
+pub const NUMBER_OUT_OF_RANGE: &str = "TQ020";
+/// A value nested more than 64 levels deep in `trajectories` or `metadata`.
+pub const NESTED_TOO_DEEP: &str = "TQ021";
+/// A token id at or beyond the model's `vocab_size`.
+pub const TOKEN_ID_BEYOND_VOCAB: &str = "TQ022";
 /// `policy_version` missing while the model sets `queue.unknown_policy_version = "refuse"`.
 pub const POLICY_VERSION_UNKNOWN: &str = "TQ030";
 

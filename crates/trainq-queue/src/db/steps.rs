@@ -93,7 +93,9 @@ pub struct CheckpointRecord {
 
 /// Records a step in ONE transaction, fenced on `token`: marks `trained_ids` trained at
 /// `step.step` and `skipped` skipped, inserts the step (and checkpoint) row, advances
-/// `models.current_step`, and sends `NOTIFY trainq_checkpoints` with `{model, step, uri}`.
+/// `models.current_step`, and sends `NOTIFY trainq_checkpoints` with `{model, step}` — a hint
+/// only (any role may notify any channel): readers take the URI and sha256 from
+/// `trainq.latest_checkpoint()`, never from a payload.
 /// [`Error::LostClaim`] and nothing written if any group is no longer held by `token`.
 pub async fn commit_step(
     pool: &PgPool,
@@ -111,16 +113,14 @@ pub async fn commit_step(
     if let Some(c) = checkpoint {
         insert_checkpoint(&mut tx, c).await.map_err(Error::db(format!("{what}: checkpoint")))?;
     }
-    let uri = checkpoint.map(|c| c.uri.as_str()).or(step.checkpoint_uri.as_deref());
     sqlx::query(
         "WITH advanced AS ( \
              UPDATE trainq.models SET current_step = greatest(current_step, $2) WHERE name = $1 RETURNING name) \
-         SELECT pg_notify('trainq_checkpoints', json_build_object('model', $1::text, 'step', $2::bigint, 'uri', $3::text)::text) \
+         SELECT pg_notify('trainq_checkpoints', json_build_object('model', $1::text, 'step', $2::bigint)::text) \
          FROM advanced",
     )
     .bind(&step.model)
     .bind(step.step)
-    .bind(uri)
     .execute(&mut *tx)
     .await
     .map_err(Error::db(format!("{what}: advance current_step")))?;

@@ -1,20 +1,21 @@
 //! Following a model's checkpoints from an inference host: the latest committed one (read from
 //! `trainq.latest_checkpoint()`, which a producer cannot write), and waiting for a newer one
-//! with `LISTEN trainq_checkpoints` plus a poll fallback. The notification only wakes the
-//! waiter; what it returns always comes from the table.
+//! with `LISTEN trainq_checkpoints` plus a poll fallback. Any role may notify any channel, so
+//! the notification (payload `{"model", "step"}`) only wakes the waiter; what it returns, URI
+//! and sha256 included, always comes from the table.
 
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::time::Instant;
 
+use super::listener::Listener;
 use crate::db::steps::latest_checkpoint;
 use crate::error::{Error, Result};
 use crate::ids::StepNumber;
 use crate::storage::store_url_of;
 
-/// The channel a commit notifies (payload `{"model", "step", "uri"}`).
+/// The channel a commit notifies (payload `{"model", "step"}`, a hint only).
 pub const CHECKPOINTS_CHANNEL: &str = "trainq_checkpoints";
 /// How often a waiter re-reads the table when no notification comes.
 pub const CHECKPOINT_POLL_INTERVAL: Duration = Duration::from_secs(5);
@@ -53,19 +54,7 @@ pub async fn wait_for_checkpoint(
     timeout: Duration,
 ) -> Result<LatestCheckpoint> {
     let deadline = Instant::now() + timeout;
-    let mut listener = match PgListener::connect_with(pool).await {
-        Ok(mut listener) => match listener.listen(CHECKPOINTS_CHANNEL).await {
-            Ok(()) => Some(listener),
-            Err(err) => {
-                tracing::warn!("LISTEN {CHECKPOINTS_CHANNEL} failed, polling instead: {err}");
-                None
-            }
-        },
-        Err(err) => {
-            tracing::warn!("no listener connection, polling instead: {err}");
-            None
-        }
-    };
+    let mut listener = Listener::connect_or_retry(pool, CHECKPOINTS_CHANNEL).await;
     loop {
         if let Some(found) = latest(pool, model).await? {
             if found.step > after {
@@ -79,14 +68,8 @@ pub async fn wait_for_checkpoint(
             });
         }
         let until = now + (deadline - now).min(CHECKPOINT_POLL_INTERVAL);
-        let Some(l) = listener.as_mut() else {
-            tokio::time::sleep_until(until).await;
-            continue;
-        };
-        // Any notification (of any model) is only a hint to re-read the table.
-        if let Ok(Err(err)) = tokio::time::timeout_at(until, l.recv()).await {
-            tracing::warn!("LISTEN {CHECKPOINTS_CHANNEL} failed, polling instead: {err}");
-            listener = None;
-        }
+        // Any wake-up (a notification of any model, a re-established connection) is only a
+        // hint to re-read the table.
+        listener.wake_before(until).await;
     }
 }

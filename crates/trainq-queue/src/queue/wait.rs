@@ -1,17 +1,18 @@
-//! Waiting for pending groups: `LISTEN trainq_groups` (payload: model), with a poll fallback;
+//! Waiting for pending groups: `LISTEN trainq_groups` (payload: model), with a poll fallback
+//! (and the LISTEN connection re-established with backoff when it is lost, see [`super::listener`]);
 //! and assembling a batch (DESIGN §5b): waiting until a step's worth of eligible groups is
 //! pending, or until the oldest of them has waited `max_batch_wait`.
 
 use std::time::Duration;
 
-use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::listener::{Listener, Wake};
 use crate::db::claims::PolicyWindow;
 use crate::db::groups::{count_claimable, has_pending};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The channel `INSERT INTO trainq.groups` notifies, with the model name as payload.
 pub const GROUPS_CHANNEL: &str = "trainq_groups";
@@ -50,16 +51,22 @@ pub enum BatchReadiness {
 #[derive(Debug)]
 pub struct GroupWaiter {
     pool: PgPool,
-    listener: Option<PgListener>,
+    listener: Option<Listener>,
     poll_interval: Duration,
 }
 
 impl GroupWaiter {
-    /// A waiter that LISTENs on [`GROUPS_CHANNEL`] and also polls every `poll_interval`.
+    /// A waiter that LISTENs on [`GROUPS_CHANNEL`] and also polls every `poll_interval`. A
+    /// LISTEN connection lost later is opened again with backoff (polling meanwhile).
     pub async fn listen(pool: &PgPool, poll_interval: Duration) -> Result<Self> {
-        let mut listener = PgListener::connect_with(pool).await.map_err(Error::db("connect listener"))?;
-        listener.listen(GROUPS_CHANNEL).await.map_err(Error::db("LISTEN trainq_groups"))?;
+        let listener = Listener::connect(pool, GROUPS_CHANNEL).await?;
         Ok(Self { pool: pool.clone(), listener: Some(listener), poll_interval })
+    }
+
+    /// Whether the LISTEN connection is open now (false for [`GroupWaiter::poll_only`] and while
+    /// a lost connection is being re-established).
+    pub fn is_listening(&self) -> bool {
+        self.listener.as_ref().is_some_and(Listener::is_connected)
     }
 
     /// A waiter that only polls (no LISTEN connection), e.g. behind a pooler that drops NOTIFY.
@@ -157,7 +164,8 @@ impl GroupWaiter {
         }
     }
 
-    /// Sleeps up to `nap`, or until a notification for `model` arrives.
+    /// Sleeps up to `nap`, or until a notification for `model` arrives (or the lost LISTEN
+    /// connection is back: what was sent meanwhile is lost, so the caller looks again).
     async fn next_wake(&mut self, model: &str, nap: Duration) {
         let Some(listener) = self.listener.as_mut() else {
             tokio::time::sleep(nap).await;
@@ -165,16 +173,9 @@ impl GroupWaiter {
         };
         let until = Instant::now() + nap;
         loop {
-            match tokio::time::timeout_at(until, listener.recv()).await {
-                Err(_elapsed) => return,
-                Ok(Ok(note)) if note.payload() == model => return,
-                Ok(Ok(_other_model)) => continue,
-                Ok(Err(err)) => {
-                    tracing::warn!("LISTEN {GROUPS_CHANNEL} failed, falling back to polling: {err}");
-                    self.listener = None;
-                    tokio::time::sleep_until(until).await;
-                    return;
-                }
+            match listener.wake_before(until).await {
+                Wake::Notified(payload) if payload != model => continue,
+                Wake::Notified(_) | Wake::Reconnected | Wake::TimedOut => return,
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::ids::GroupId;
+use crate::ids::{GroupId, StepNumber};
 
 use super::advantages::population_std;
 
@@ -49,7 +49,10 @@ pub struct GroupRewards {
     /// The reward of each trajectory, in order.
     pub rewards: Vec<f64>,
     /// Checkpoint step the rollouts were sampled from; `None` = unknown (stale unless accepted).
-    pub policy_version: Option<i64>,
+    pub policy_version: Option<StepNumber>,
+    /// Why the group cannot be used at all (its stored JSON did not decode), if so: it is skipped
+    /// `invalid` with this detail before any other check.
+    pub unusable: Option<String>,
 }
 
 /// What the filter compares against.
@@ -58,7 +61,7 @@ pub struct FilterParams {
     /// A group whose population reward std is below this is `zero_variance`.
     pub zero_variance_tolerance: f64,
     /// The model's current step (the step being trained starts from it).
-    pub current_step: i64,
+    pub current_step: StepNumber,
     /// Largest accepted `current_step − policy_version` (0 when on-policy).
     pub accepted_staleness: i64,
     /// Train groups whose `policy_version` is unknown (`queue.unknown_policy_version = "accept"`);
@@ -89,10 +92,13 @@ pub struct FilterReport {
 }
 
 /// Classifies one group: `Some(skip)` when it cannot be trained, `None` when it is kept.
-/// Zero variance is checked first (the std is the group's own, a group of one has std 0), then
+/// An unusable group is `invalid` whatever its rewards; then zero variance is checked (the std is the group's own, a group of one has std 0), then
 /// staleness: lag `current_step − policy_version` beyond the accepted staleness, or an unknown
 /// version unless accepted.
 pub fn classify_group(group: &GroupRewards, params: &FilterParams) -> Option<SkippedGroup> {
+    if let Some(why) = &group.unusable {
+        return Some(SkippedGroup { id: group.id, reason: SkipReason::Invalid, std: None, detail: Some(why.clone()) });
+    }
     let std = population_std(&group.rewards);
     let skip = |reason, detail| Some(SkippedGroup { id: group.id, reason, std: Some(std), detail });
     if group.rewards.len() < 2 || std < params.zero_variance_tolerance {
@@ -180,13 +186,19 @@ mod tests {
 
     const PARAMS: FilterParams = FilterParams {
         zero_variance_tolerance: 1e-6,
-        current_step: 5,
+        current_step: StepNumber(5),
         accepted_staleness: 1,
         accept_unknown_policy_version: true,
     };
 
     fn group(n: u128, rewards: &[f64], policy_version: Option<i64>) -> GroupRewards {
-        GroupRewards { id: GroupId(uuid::Uuid::from_u128(n)), rewards: rewards.to_vec(), policy_version }
+        let policy_version = policy_version.map(StepNumber);
+        GroupRewards {
+            id: GroupId(uuid::Uuid::from_u128(n)),
+            rewards: rewards.to_vec(),
+            policy_version,
+            unusable: None,
+        }
     }
 
     #[test]
@@ -241,6 +253,17 @@ mod tests {
         assert_eq!(skip.reason, SkipReason::Stale);
         assert!(skip.detail.unwrap().contains("queue.unknown_policy_version"));
         assert_eq!(classify_group(&group(2, &[0.0, 1.0], Some(5)), &params), None);
+    }
+
+    #[test]
+    fn an_unusable_group_is_invalid_with_its_error_whatever_its_rewards() {
+        let mut bad = group(1, &[0.0, 1.0], Some(5));
+        bad.unusable = Some("metadata: number out of range".into());
+        let skip = classify_group(&bad, &PARAMS).unwrap();
+        assert_eq!((skip.reason, skip.std), (SkipReason::Invalid, None));
+        assert_eq!(skip.detail.as_deref(), Some("metadata: number out of range"));
+        let report = filter_groups(&[bad, group(2, &[0.0, 1.0], Some(5))], &PARAMS);
+        assert_eq!(report.kept, vec![GroupId(uuid::Uuid::from_u128(2))]);
     }
 
     #[test]

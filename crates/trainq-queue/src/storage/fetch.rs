@@ -26,16 +26,36 @@ pub struct FetchOptions {
     pub retry: FileRetry,
     /// Replace a non-empty destination directory. Default false: such a destination is an error.
     pub replace_existing: bool,
+    /// The sha256 (hex) that the checkpoint's `manifest.json` must have, e.g. the one its commit
+    /// recorded in `trainq.checkpoints`: a manifest rewritten in the store since is refused
+    /// before any file is downloaded. Default `None`: not checked.
+    pub expected_manifest_sha256: Option<String>,
 }
 
 impl Default for FetchOptions {
     fn default() -> Self {
-        FetchOptions { files_in_flight: DEFAULT_FILES_IN_FLIGHT, retry: FileRetry::default(), replace_existing: false }
+        FetchOptions {
+            files_in_flight: DEFAULT_FILES_IN_FLIGHT,
+            retry: FileRetry::default(),
+            replace_existing: false,
+            expected_manifest_sha256: None,
+        }
     }
 }
 
 /// Reads and validates the manifest of checkpoint `step` of `model`.
 pub async fn read_manifest(store: &Store, model: &str, step: StepNumber) -> Result<Manifest> {
+    read_manifest_checked(store, model, step, None).await
+}
+
+/// Reads the manifest and, when `expected_sha256` is given, refuses one whose bytes hash to
+/// anything else.
+async fn read_manifest_checked(
+    store: &Store,
+    model: &str,
+    step: StepNumber,
+    expected_sha256: Option<&str>,
+) -> Result<Manifest> {
     let key = store.checkpoint_file(model, step, MANIFEST_FILE);
     let result = match store.object_store().get(&key).await {
         Err(object_store::Error::NotFound { .. }) => {
@@ -46,13 +66,21 @@ pub async fn read_manifest(store: &Store, model: &str, step: StepNumber) -> Resu
         other => other.map_err(store_error("get", &key))?,
     };
     let bytes = result.bytes().await.map_err(store_error("read", &key))?;
+    if let Some(expected) = expected_sha256 {
+        let found = super::manifest::sha256_hex(&bytes);
+        if !found.eq_ignore_ascii_case(expected) {
+            let message = format!("manifest sha256 {found} differs from the committed {expected}");
+            return Err(Error::Checkpoint { path: key.to_string(), message });
+        }
+    }
     Manifest::from_json(&bytes, model, step)
 }
 
 /// Downloads checkpoint `step` of `model` into `to_dir` (created; its parent must be writable)
 /// and returns its manifest. `progress` receives the bytes written as they arrive. Any
-/// size or sha256 mismatch fails the fetch with an error naming the file, and leaves `to_dir`
-/// untouched.
+/// size or sha256 mismatch (of a file, or of the manifest against
+/// [`FetchOptions::expected_manifest_sha256`]) fails the fetch with an error naming the file,
+/// and leaves `to_dir` untouched.
 pub async fn fetch_checkpoint(
     store: &Store,
     model: &str,
@@ -61,7 +89,8 @@ pub async fn fetch_checkpoint(
     options: &FetchOptions,
     progress: Progress<'_>,
 ) -> Result<Manifest> {
-    let manifest = read_manifest(store, model, step).await?;
+    let expected = options.expected_manifest_sha256.as_deref();
+    let manifest = read_manifest_checked(store, model, step, expected).await?;
     let staging = staging_dir(to_dir)?;
     let downloaded = download_all(store, &manifest, &staging, options, progress).await;
     let placed = match downloaded {

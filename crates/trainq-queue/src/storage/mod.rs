@@ -9,7 +9,7 @@ pub mod store;
 pub mod transfer_retry;
 pub mod upload;
 
-pub use base_model::resolve_base_model;
+pub use base_model::{read_vocab_size, resolve_base_model};
 pub use fetch::{fetch_checkpoint, read_manifest, FetchOptions};
 pub use manifest::{CheckpointFormat, Manifest, ManifestFile};
 pub use retention::{apply_retention, RetentionPolicy};
