@@ -290,13 +290,15 @@ async fn a_claim_lost_in_the_middle_of_a_step_stops_it_before_it_trains_saves_or
 
     // Another session takes the groups: a rescuer whose clock runs an hour ahead returns them,
     // and another worker claims them under a token of its own.
-    rescue_expired(&db.pool, Some(chrono::Utc::now() + chrono::TimeDelta::hours(1))).await.unwrap();
+    // Its clock is past the retry backoff of the rescued groups too.
+    let later = chrono::Utc::now() + chrono::TimeDelta::hours(1);
+    rescue_expired(&db.pool, Some(later)).await.unwrap();
     let params = ClaimParams {
         model: "m".into(),
         worker_id: "other".into(),
         limit: 2,
         lease_seconds: 600.0,
-        now: None,
+        now: Some(later + chrono::TimeDelta::minutes(1)),
         window: None,
     };
     let theirs = claim_groups(&db.pool, &params).await.unwrap();
