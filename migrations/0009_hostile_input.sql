@@ -16,7 +16,13 @@
 -- pg_column_size() of it was its compressed size. Every refusal of a row that is not the first
 -- of its statement starts with "row N: ", and every refusal carries DETAIL "row N of the
 -- statement", so a multi-row INSERT or COPY says which row it refused.
--- Safe on a live database: one nullable column, one statement trigger, replaced function bodies.
+-- On a live database: one nullable column, one statement trigger, replaced function bodies. The
+-- tables are locked up front in the order every writer takes them (groups, then models), so a
+-- producer or a commit in flight cannot deadlock with the migration, and lock_timeout bounds how
+-- long submissions and claims queue behind it (run `trainq migrate` again if it times out).
+
+SET LOCAL lock_timeout = '10s';
+LOCK TABLE trainq.groups, trainq.models IN ACCESS EXCLUSIVE MODE;
 
 ALTER TABLE trainq.models
     ADD COLUMN vocab_size integer,

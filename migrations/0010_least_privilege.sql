@@ -13,7 +13,13 @@
 --     `queue.retry_backoff_seconds × 2^(attempts − 1)` (at most 16 times that) before it can be
 --     claimed again (`groups.retry_after`), so a worker that crash-loops on one batch claims
 --     other groups first instead of burning that batch's attempts in a row.
--- Safe on a live database: a new table, one nullable column, grants.
+-- On a live database: a new table, one nullable column, grants; the tables are locked up front
+-- in the order writers take them (groups, then models) with a bounded wait, as in 0009. Stop the
+-- workers of every model before this migration: a worker of an older release takes the old
+-- advisory lock, which does not exclude the new row lock (docs/worker-operations.md).
+
+SET LOCAL lock_timeout = '10s';
+LOCK TABLE trainq.groups, trainq.models IN ACCESS EXCLUSIVE MODE;
 
 CREATE TABLE trainq.commit_locks (
     model text PRIMARY KEY REFERENCES trainq.models (name) ON DELETE CASCADE

@@ -113,6 +113,8 @@ impl<'c, 'a> Pipeline<'c, 'a> {
             (None, None) => self.catch_up().await?,
         };
         let claim_next = room && (self.pipelined || (batch.is_none() && previous.is_none()));
+        // A window past the committed step: only batches that train are claimed in it.
+        let speculative = batch.is_some() || previous.is_some();
         // Fires when this pass's training is over (at once when there is none).
         let trained_signal = CancellationToken::new();
         if batch.is_none() {
@@ -135,7 +137,7 @@ impl<'c, 'a> Pipeline<'c, 'a> {
         };
         let next = async {
             match claim_next {
-                true => next_batch(ctx, waiter, current, &trained_signal).await.map(Some),
+                true => next_batch(ctx, waiter, current, speculative, &trained_signal).await.map(Some),
                 false => Ok(None),
             }
         };
@@ -242,13 +244,17 @@ impl<'c, 'a> Pipeline<'c, 'a> {
 }
 
 /// Claims and prepares the batch for the step after `current`. While a step trains
-/// (`trained` not yet fired) only a full batch is taken; after that the usual assembly: wait,
-/// woken by LISTEN, until `groups_per_step` eligible groups are pending or the oldest has
-/// waited `max_batch_wait_seconds`.
+/// (`trained` not yet fired) only a full batch is taken, and when the training ends first the
+/// pass ends (so the trained step's upload is not held up) and the next pass assembles as usual:
+/// wait, woken by LISTEN, until `groups_per_step` eligible groups are pending or the oldest has
+/// waited `max_batch_wait_seconds`. In a `speculative` window (the step before it is not yet
+/// committed) groups that are only too old are left for a committed one: skipping them `stale`
+/// is final, and the step they were judged against might not be committed.
 async fn next_batch(
     ctx: &StepContext<'_>,
     waiter: &mut GroupWaiter,
     current: StepNumber,
+    speculative: bool,
     trained: &CancellationToken,
 ) -> Result<Next> {
     let (cfg, opts) = (ctx.cfg, ctx.opts);
@@ -256,11 +262,11 @@ async fn next_batch(
     let want = cfg.queue.groups_per_step as i64;
     let window = policy_window(cfg, current);
     if !trained.is_cancelled() {
-        match waiter.wait_for_full_batch(&opts.model, &window, want, trained).await? {
-            Some(BatchReadiness::StepMoved) => return Ok(Next::Moved),
-            Some(_full) => return claim(ctx, current, want, waited).await,
-            None => {}
-        }
+        return match waiter.wait_for_full_batch(&opts.model, &window, want, trained).await? {
+            Some(BatchReadiness::StepMoved) => Ok(Next::Moved),
+            Some(_full) => claim(ctx, current, want, waited).await,
+            None => Ok(Next::Nothing),
+        };
     }
     let max_wait = Duration::from_secs_f64(cfg.queue.max_batch_wait_seconds);
     let ready = tokio::select! {
@@ -270,6 +276,7 @@ async fn next_batch(
     let eligible_limit = match ready {
         BatchReadiness::Nothing => return Ok(Next::Nothing),
         BatchReadiness::StepMoved => return Ok(Next::Moved),
+        BatchReadiness::TooOldOnly { .. } if speculative => return Ok(Next::Nothing),
         BatchReadiness::TooOldOnly { .. } => 0,
         BatchReadiness::Full { .. } => want,
         BatchReadiness::Short { eligible, waited_seconds } => {

@@ -333,13 +333,19 @@ pub(crate) async fn upload_and_commit(ctx: &StepContext<'_>, saved: SavedStep) -
     let SavedStep { run, heartbeat, prepared, trained } = saved;
     super::fault_hook::pause_if_requested("upload", trained.step).await;
     // Held through upload and commit: no other worker of this model writes step `step` meanwhile.
-    let committed = match lock_commits(ctx.pool, &ctx.opts.model).await {
+    // Waiting for it (another worker may hold it through a long upload) ends on shutdown or a
+    // lost claim; the lock's connection is its own, so dropping the wait closes it.
+    let locked = tokio::select! {
+        _ = run.stop.cancelled() => Err(run.stop_reason(ctx)),
+        lock = lock_commits(ctx.pool, &ctx.opts.model) => lock.map_err(Error::from),
+    };
+    let committed = match locked {
         Ok(mut lock) => {
             let committed = commit_locked(ctx, &run, &prepared, trained, &mut lock).await;
             lock.release().await;
             committed
         }
-        Err(err) => Err(err.into()),
+        Err(err) => Err(err),
     };
     let outcome = match committed {
         Ok(outcome) => outcome,

@@ -45,6 +45,9 @@ pub const DEFAULT_MAX_ATTEMPTS: i32 = 3;
 /// Default wait, in seconds, before a group whose claim ended without a result can be claimed
 /// again; it doubles with each attempt (at most 16 times this).
 pub const DEFAULT_RETRY_BACKOFF_SECONDS: f64 = 10.0;
+/// Largest `queue.retry_backoff_seconds` (a day): beyond it the database's interval arithmetic
+/// in the rescuer, which serves every model at once, could overflow.
+pub const MAX_RETRY_BACKOFF_SECONDS: f64 = 86_400.0;
 /// Default tolerance under which a group's reward std counts as zero.
 pub const DEFAULT_ZERO_VARIANCE_TOLERANCE: f64 = 1e-6;
 /// Default longest wait, in seconds, for a full batch of `groups_per_step` eligible groups after
@@ -394,9 +397,9 @@ impl TrainConfig {
         check(q.lease_seconds > 0, "queue.lease_seconds", "must be positive")?;
         check(q.max_attempts > 0, "queue.max_attempts", "must be positive")?;
         check(
-            q.retry_backoff_seconds >= 0.0 && q.retry_backoff_seconds.is_finite(),
+            (0.0..=MAX_RETRY_BACKOFF_SECONDS).contains(&q.retry_backoff_seconds),
             "queue.retry_backoff_seconds",
-            "must be a finite number of seconds, 0 or more",
+            "must be a number of seconds from 0 to 86400 (16× of it is the longest wait)",
         )?;
         check(
             q.max_batch_wait_seconds >= 0.0 && q.max_batch_wait_seconds.is_finite(),

@@ -10,7 +10,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres};
 
 use super::sqlstate;
-use crate::config::{UnknownPolicyVersion, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF_SECONDS};
+use crate::config::{
+    UnknownPolicyVersion, DEFAULT_MAX_ATTEMPTS, DEFAULT_RETRY_BACKOFF_SECONDS, MAX_RETRY_BACKOFF_SECONDS,
+};
 use crate::error::{Error, Result};
 use crate::rl::{GroupRewards, SkippedGroup};
 
@@ -334,7 +336,8 @@ pub async fn release_groups(pool: &PgPool, token: ClaimToken, ids: &[GroupId], e
 fn retry_or_fail() -> String {
     let max_attempts = "coalesce((m.config -> 'queue' ->> 'max_attempts')::int, $2)";
     let backoff = format!(
-        "coalesce((m.config -> 'queue' ->> 'retry_backoff_seconds')::float8, {DEFAULT_RETRY_BACKOFF_SECONDS:?})"
+        "least(coalesce((m.config -> 'queue' ->> 'retry_backoff_seconds')::float8, {DEFAULT_RETRY_BACKOFF_SECONDS:?}), \
+         {MAX_RETRY_BACKOFF_SECONDS:?})"
     );
     format!(
         "UPDATE trainq.groups g \

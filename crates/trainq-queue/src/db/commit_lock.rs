@@ -34,7 +34,12 @@ pub async fn lock_commits(pool: &PgPool, model: &str) -> Result<CommitLock> {
         .execute(&mut conn)
         .await
         .map_err(Error::db(what()))?;
-    sqlx::query("BEGIN").persistent(false).execute(&mut conn).await.map_err(Error::db(what()))?;
+    // Read committed whatever the server's default: `current_step` must see the holder's commit.
+    sqlx::query("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .persistent(false)
+        .execute(&mut conn)
+        .await
+        .map_err(Error::db(what()))?;
     sqlx::query("SELECT model FROM trainq.commit_locks WHERE model = $1 FOR UPDATE")
         .bind(model)
         .execute(&mut conn)
