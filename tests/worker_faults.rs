@@ -151,18 +151,7 @@ async fn a_lost_commit_race_gives_the_groups_back_without_counting_an_attempt() 
     worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=upload step=1"), START_LIMIT);
 
     // Meanwhile another worker commits step 1, on a group of its own.
-    let theirs = submit(&db.pool, "m", &[&[0.0, 1.0]], Some(0)).await;
-    let params = ClaimParams {
-        model: "m".into(),
-        worker_id: "other".into(),
-        limit: 1,
-        lease_seconds: 60.0,
-        now: None,
-        window: None,
-    };
-    let claim = claim_groups(&db.pool, &params).await.unwrap();
-    assert_eq!(claim.groups.iter().map(|g| g.id).collect::<Vec<_>>(), theirs);
-    commit_step(&db.pool, &other_step(), None, claim.token, &theirs, &[]).await.unwrap();
+    another_worker_commits_step_one(&db.pool).await;
 
     std::fs::write(&resume, b"").unwrap();
     let line = worker.wait_for_line("step abandoned", START_LIMIT);
@@ -203,18 +192,7 @@ async fn a_step_trained_while_the_previous_commit_is_lost_goes_back_without_coun
     })
     .await;
 
-    let theirs = submit(&db.pool, "m", &[&[0.0, 1.0]], Some(0)).await;
-    let params = ClaimParams {
-        model: "m".into(),
-        worker_id: "other".into(),
-        limit: 1,
-        lease_seconds: 60.0,
-        now: None,
-        window: None,
-    };
-    let claim = claim_groups(&db.pool, &params).await.unwrap();
-    assert_eq!(claim.groups.iter().map(|g| g.id).collect::<Vec<_>>(), theirs);
-    commit_step(&db.pool, &other_step(), None, claim.token, &theirs, &[]).await.unwrap();
+    another_worker_commits_step_one(&db.pool).await;
 
     std::fs::write(&resume, b"").unwrap();
     let line = worker.wait_for_line("step abandoned", START_LIMIT);
@@ -341,6 +319,22 @@ async fn claim_tokens(pool: &sqlx::PgPool, ids: &[GroupId]) -> Vec<ClaimToken> {
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     entries.flatten().flat_map(|e| if e.path().is_dir() { walk(&e.path()) } else { vec![e.path()] }).collect()
+}
+
+/// Another worker claims a group of its own and commits step 1 with it.
+async fn another_worker_commits_step_one(pool: &sqlx::PgPool) {
+    let theirs = submit(pool, "m", &[&[0.0, 1.0]], Some(0)).await;
+    let params = ClaimParams {
+        model: "m".into(),
+        worker_id: "other".into(),
+        limit: 1,
+        lease_seconds: 60.0,
+        now: None,
+        window: None,
+    };
+    let claim = claim_groups(pool, &params).await.unwrap();
+    assert_eq!(claim.groups.iter().map(|g| g.id).collect::<Vec<_>>(), theirs);
+    commit_step(pool, &other_step(), None, claim.token, &theirs, &[]).await.unwrap();
 }
 
 /// Step 1 as another worker recorded it (no checkpoint: the race is about the step number).
