@@ -11,6 +11,7 @@
 mod common;
 mod worker_support;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use object_store::ObjectStoreExt;
@@ -85,9 +86,8 @@ async fn an_s3_outage_during_upload_is_retried_and_the_step_is_recorded_once_and
     register(&db.pool, "m", &model_dir, tiny_config(2, 30)).await;
     submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.5]], Some(0)).await;
     let store_url = server.url("outage");
-    let resume = work.path().join("resume");
-    let resume_str = resume.to_str().unwrap().to_string();
-    let env = [(FAULT_PAUSE_AT_ENV, "upload"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
+    let pause = Pause::at("upload", work.path());
+    let env = pause.env();
     let mut worker = WorkerProcess::spawn(
         &db.url(None),
         "m",
@@ -100,7 +100,7 @@ async fn an_s3_outage_during_upload_is_retried_and_the_step_is_recorded_once_and
     worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=upload"), START_LIMIT);
 
     server.kill();
-    std::fs::write(&resume, b"").unwrap();
+    pause.resume();
     // object_store logs each failed attempt it is about to retry.
     worker.wait_for_line("Encountered transport error", Duration::from_secs(30));
     assert_eq!(step_rows(&db.pool, "m").await, 0, "nothing is recorded while the store is down");
@@ -143,9 +143,8 @@ async fn a_lost_commit_race_gives_the_groups_back_without_counting_an_attempt() 
     register(&db.pool, "m", &model_dir, cfg).await;
     let ours = submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.5]], Some(0)).await;
     let store_url = format!("file://{}", work.path().join("store").display());
-    let resume = work.path().join("resume");
-    let resume_str = resume.to_str().unwrap().to_string();
-    let env = [(FAULT_PAUSE_AT_ENV, "upload"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
+    let pause = Pause::at("upload", work.path());
+    let env = pause.env();
     let (url, args) = (db.url(None), ["--max-steps", "1", "--keep-last", "2"]);
     let mut worker = WorkerProcess::spawn(&url, "m", &store_url, None, &work.path().join("w"), &env, &args);
     worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=upload step=1"), START_LIMIT);
@@ -153,7 +152,7 @@ async fn a_lost_commit_race_gives_the_groups_back_without_counting_an_attempt() 
     // Meanwhile another worker commits step 1, on a group of its own.
     another_worker_commits_step_one(&db.pool).await;
 
-    std::fs::write(&resume, b"").unwrap();
+    pause.resume();
     let line = worker.wait_for_line("step abandoned", START_LIMIT);
     assert!(line.contains("was committed by another worker"), "{line}");
     // The race was not the groups' fault: they went back with no attempt counted, and the same
@@ -180,9 +179,8 @@ async fn a_step_trained_while_the_previous_commit_is_lost_goes_back_without_coun
     register(&db.pool, "m", &model_dir, cfg).await;
     let ours = submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.5]], Some(0)).await;
     let store_url = format!("file://{}", work.path().join("store").display());
-    let resume = work.path().join("resume");
-    let resume_str = resume.to_str().unwrap().to_string();
-    let env = [(FAULT_PAUSE_AT_ENV, "upload"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
+    let pause = Pause::at("upload", work.path());
+    let env = pause.env();
     let (url, args) = (db.url(None), ["--max-steps", "2", "--keep-last", "3"]);
     let mut worker = WorkerProcess::spawn(&url, "m", &store_url, None, &work.path().join("w"), &env, &args);
     worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=upload step=1"), START_LIMIT);
@@ -194,7 +192,7 @@ async fn a_step_trained_while_the_previous_commit_is_lost_goes_back_without_coun
 
     another_worker_commits_step_one(&db.pool).await;
 
-    std::fs::write(&resume, b"").unwrap();
+    pause.resume();
     let line = worker.wait_for_line("step abandoned", START_LIMIT);
     assert!(line.contains("was committed by another worker"), "{line}");
     let line = worker.wait_for_line("step abandoned", START_LIMIT);
@@ -220,9 +218,8 @@ async fn with_async_weight_syncing_the_next_batch_is_claimed_while_a_step_trains
     register(&db.pool, "m", &model_dir, cfg).await;
     let ours = submit(&db.pool, "m", &[&[0.0, 1.0], &[1.0, 0.5], &[0.2, 0.4]], Some(0)).await;
     let store_url = format!("file://{}", work.path().join("store").display());
-    let resume = work.path().join("resume");
-    let resume_str = resume.to_str().unwrap().to_string();
-    let env = [(FAULT_PAUSE_AT_ENV, "train"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
+    let pause = Pause::at("train", work.path());
+    let env = pause.env();
     let (url, args) = (db.url(None), ["--max-steps", "3", "--keep-last", "3"]);
     let mut worker = WorkerProcess::spawn(&url, "m", &store_url, None, &work.path().join("w"), &env, &args);
     worker.wait_for_line(&format!("{FAULT_PAUSED_MARKER} phase=train step=1"), START_LIMIT);
@@ -231,7 +228,7 @@ async fn with_async_weight_syncing_the_next_batch_is_claimed_while_a_step_trains
         groups(&db.pool, "m").await.iter().filter(|g| g.state == "claimed").count() == 2
     })
     .await;
-    std::fs::write(&resume, b"").unwrap();
+    pause.resume();
     assert!(worker.wait_exit(START_LIMIT), "{}", worker.seen.join("\n"));
     let rows = groups(&db.pool, "m").await;
     for row in rows.iter().filter(|g| ours.contains(&g.id)) {
@@ -255,9 +252,8 @@ async fn a_claim_lost_in_the_middle_of_a_step_stops_it_before_it_trains_saves_or
     ours.sort();
     let store = work.path().join("store");
     let store_url = format!("file://{}", store.display());
-    let resume = work.path().join("resume");
-    let resume_str = resume.to_str().unwrap().to_string();
-    let env = [(FAULT_PAUSE_AT_ENV, "train"), (FAULT_RESUME_FILE_ENV, resume_str.as_str())];
+    let pause = Pause::at("train", work.path());
+    let env = pause.env();
     let worker_dir = work.path().join("w");
     let mut worker =
         WorkerProcess::spawn(&db.url(None), "m", &store_url, None, &worker_dir, &env, &["--max-steps", "1"]);
@@ -287,7 +283,7 @@ async fn a_claim_lost_in_the_middle_of_a_step_stops_it_before_it_trains_saves_or
     // The worker's next heartbeat finds its claim gone; only then is the step let go on.
     let line = worker.wait_for_line("lease heartbeat stopped", Duration::from_secs(30));
     assert!(line.contains("lost the claim") && line.contains(&lost[0].to_string()), "{line}");
-    std::fs::write(&resume, b"").unwrap();
+    pause.resume();
     let line = worker.wait_for_line("step abandoned", START_LIMIT);
     assert!(line.contains("lost the claim on 2 group(s)"), "{line}");
     assert!(line.contains(&lost[0].to_string()), "the line names the lost claim: {line}");
@@ -316,9 +312,34 @@ async fn claim_tokens(pool: &sqlx::PgPool, ids: &[GroupId]) -> Vec<ClaimToken> {
 }
 
 /// Every file under `dir` (none when it does not exist).
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+fn walk(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
     entries.flatten().flat_map(|e| if e.path().is_dir() { walk(&e.path()) } else { vec![e.path()] }).collect()
+}
+
+/// The fault hook's pause at a phase of the worker's first step, lifted by [`Pause::resume`].
+struct Pause {
+    phase: &'static str,
+    file: PathBuf,
+    file_env: String,
+}
+
+impl Pause {
+    fn at(phase: &'static str, dir: &Path) -> Pause {
+        let file = dir.join("resume");
+        let file_env = file.to_str().unwrap().to_string();
+        Pause { phase, file, file_env }
+    }
+
+    /// The worker's environment for the pause.
+    fn env(&self) -> [(&str, &str); 2] {
+        [(FAULT_PAUSE_AT_ENV, self.phase), (FAULT_RESUME_FILE_ENV, self.file_env.as_str())]
+    }
+
+    /// Lets the paused worker go on.
+    fn resume(&self) {
+        std::fs::write(&self.file, b"").unwrap();
+    }
 }
 
 /// Another worker claims a group of its own and commits step 1 with it.
