@@ -9,6 +9,10 @@
 #                             # --seq 32768 --micro 1 --ckpt); `peer ARGS`: one peer row
 #   bash ops/gpu.sh profile [ARGS]  # there: one step of `trainq bench train ARGS` under Nsight
 #                             # Compute (kernel durations only), summed by kernel family and name
+#   bash ops/gpu.sh trace ARGS  # there: one `trainq bench train ARGS` row plus one step traced by
+#                             # libtorch's profiler; appends the row to trainq.jsonl and the
+#                             # trace's summary (ops/bench/trace_summary.py) to profile.md; the
+#                             # traces go to $OUT/traces.tar.xz at the end of each call of the verb
 #   bash ops/gpu.sh packed [ARGS]   # there: packed agent-like documents vs unpacked rows of the same
 #                             # token count (trainq), and the peer padded per trajectory, at
 #                             # 1×16384 and 4×4096 (ARGS go to both, e.g. --shape/--mode)
@@ -69,6 +73,17 @@ case "${1:-}" in
     shift
     ./.carry/trainq bench train "$@" | tee -a "$OUT/trainq.jsonl"
     ;;
+  trace)
+    device_env
+    shift
+    mkdir -p /tmp/trainq-traces
+    before=$(ls /tmp/trainq-traces | wc -l)
+    ./.carry/trainq bench train --trace /tmp/trainq-traces "$@" | tee -a "$OUT/trainq.jsonl"
+    for t in $(ls -t /tmp/trainq-traces/*.json | head -$(( $(ls /tmp/trainq-traces | wc -l) - before ))); do
+      { echo "args: $*"; "$gpu_python" ops/bench/trace_summary.py "$t" 20; echo; } | tee -a "$OUT/profile.md"
+    done
+    tar cf - -C /tmp trainq-traces | xz -T0 -6 > "$OUT/traces.tar.xz"
+    ;;
   peer)
     # One peer row: ops/bench/hf_peft_train.py ARGS (same flags as the shared script, plus --docs).
     device_env
@@ -78,7 +93,7 @@ case "${1:-}" in
   check)
     device_env
     shift
-    ./.carry/trainq bench check "$@" | tee "$OUT/check.jsonl"
+    ./.carry/trainq bench check "$@" | tee -a "$OUT/check.jsonl"
     ;;
   packed)
     device_env
@@ -143,7 +158,7 @@ case "${1:-}" in
     "$gpu_python" ops/bench/ncu_summary.py "$OUT/ncu.csv" 30 | tee "$OUT/profile.md"
     ;;
   *)
-    echo "usage: ops/gpu.sh build | bench [ARGS] | train ARGS | peer ARGS | check [ARGS] | profile [ARGS] | packed [ARGS] | big [ARGS] | e2e" >&2
+    echo "usage: ops/gpu.sh build | bench [ARGS] | train ARGS | trace ARGS | peer ARGS | check [ARGS] | profile [ARGS] | packed [ARGS] | big [ARGS] | e2e" >&2
     exit 2
     ;;
 esac

@@ -1,7 +1,8 @@
 //! Compiles the engine's C++ shim against the libtorch that tch links: csrc/offload.cpp
 //! (activation offloading on a side stream, through c10's device-generic stream and event
-//! interfaces) and csrc/flash_varlen.cpp (variable-length flash attention, which tch does not
-//! bind). Without `LIBTORCH` (e.g. a docs build) the shim is left out: packed attention runs
+//! interfaces), csrc/flash_varlen.cpp (variable-length flash attention, which tch does not
+//! bind), csrc/trace.cpp (libtorch's Kineto profiler, for the benchmarks' traces) and
+//! csrc/fused_ops.cpp (autograd functions around the fused q/k/v and SwiGLU kernels). Without `LIBTORCH` (e.g. a docs build) the shim is left out: packed attention runs
 //! per segment and offloading copies synchronously.
 
 use std::path::PathBuf;
@@ -10,8 +11,12 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-changed=csrc/flash_varlen.cpp");
     println!("cargo:rerun-if-changed=csrc/offload.cpp");
+    println!("cargo:rerun-if-changed=csrc/trace.cpp");
+    println!("cargo:rerun-if-changed=csrc/fused_ops.cpp");
     println!("cargo:rustc-check-cfg=cfg(trainq_flash_varlen)");
     println!("cargo:rustc-check-cfg=cfg(trainq_offload)");
+    println!("cargo:rustc-check-cfg=cfg(trainq_trace)");
+    println!("cargo:rustc-check-cfg=cfg(trainq_fused)");
     let Some(libtorch) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         return;
     };
@@ -25,7 +30,9 @@ fn main() {
         .include(include.join("torch/csrc/api/include"))
         .flag_if_supported("-Wno-unused-parameter")
         .warnings(false)
-        .file("csrc/offload.cpp");
+        .file("csrc/offload.cpp")
+        .file("csrc/trace.cpp")
+        .file("csrc/fused_ops.cpp");
     let flash = include.join("ATen/ops/_flash_attention_forward.h").is_file();
     if flash {
         build.file("csrc/flash_varlen.cpp");
@@ -37,6 +44,8 @@ fn main() {
     }
     build.compile("trainq_shim");
     println!("cargo:rustc-cfg=trainq_offload");
+    println!("cargo:rustc-cfg=trainq_trace");
+    println!("cargo:rustc-cfg=trainq_fused");
     if flash {
         println!("cargo:rustc-cfg=trainq_flash_varlen");
     }

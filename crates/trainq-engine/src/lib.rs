@@ -12,6 +12,7 @@
 //! - `collective` sums tensors across ranks (NCCL, or in-process for tests).
 //! - `train` runs one optimizer step over micro-batches and ranks.
 //! - `checkpoint` writes and reads weight checkpoints (PEFT adapter or HF model + optimizer).
+//! - `trace` records Kineto traces of steps for the benchmarks (libtorch's profiler).
 //! - `engine` is the training actor the worker talks to: one thread per rank (a single GPU is
 //!   a group of one), answering train / save / restore jobs.
 //!
@@ -35,6 +36,8 @@ pub mod kernels;
 pub mod model;
 #[doc(hidden)]
 pub mod tokenize;
+#[doc(hidden)]
+pub mod trace;
 #[doc(hidden)]
 pub mod train;
 

@@ -79,6 +79,15 @@ pub(crate) struct TrainBenchArgs {
     /// Seed of the --packed document lengths.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// After the timed steps, record one more step with libtorch's profiler and write its
+    /// Chrome trace into this directory (`{shape}-{mode}-{micro}x{seq}[-ckpt].json`), for
+    /// `ops/bench/trace_summary.py`.
+    #[arg(long)]
+    trace: Option<std::path::PathBuf>,
+    /// Run the decoder layers' q/k norm + RoPE and SwiGLU as libtorch tensor ops instead of the
+    /// fused kernels (for comparisons).
+    #[arg(long)]
+    no_fused: bool,
 }
 
 /// What one benchmark row trains on.
@@ -90,11 +99,21 @@ struct Workload {
     docs: Option<Vec<i64>>,
 }
 
-/// Activation memory settings of a row.
+/// Activation memory settings of a row, and whether the fused layer ops run.
 #[derive(Debug, Clone, Copy)]
 struct Memory {
     ckpt: bool,
     offload: bool,
+    fused: bool,
+}
+
+/// How a row is timed: untimed warm-up steps, timed steps, and where to write the trace of one
+/// more step (if at all).
+#[derive(Debug, Clone)]
+struct Timing {
+    warmup: usize,
+    steps: usize,
+    trace: Option<std::path::PathBuf>,
 }
 
 /// The peer's standard table: shape, mode, seq, micro, checkpointing.
@@ -154,8 +173,13 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
             dumped.push(super::bench_docs::docs_json(docs, seq, micro, bounds));
         }
         let work = Workload { seq, micro, docs };
-        let memory = Memory { ckpt, offload: ckpt && args.offload };
-        let result = bench_one(&shape, &mode, &work, memory, (args.warmup, args.steps), device, peak);
+        let memory = Memory { ckpt, offload: ckpt && args.offload, fused: !args.no_fused };
+        let trace = args.trace.as_ref().map(|dir| {
+            let ckpt = if ckpt { "-ckpt" } else { "" };
+            dir.join(format!("{shape}-{mode}-{micro}x{seq}{ckpt}.json"))
+        });
+        let timing = Timing { warmup: args.warmup, steps: args.steps, trace };
+        let result = bench_one(&shape, &mode, &work, memory, &timing, device, peak);
         let line = result.unwrap_or_else(
             |e| json!({"shape": shape, "mode": mode, "seq": seq, "micro": micro, "ckpt": ckpt, "error": format!("{e:#}")}),
         );
@@ -172,8 +196,8 @@ fn bench_one(
     shape: &str,
     mode: &str,
     work: &Workload,
-    Memory { ckpt, offload }: Memory,
-    (warmup, steps): (usize, usize),
+    Memory { ckpt, offload, fused }: Memory,
+    timing: &Timing,
     device: Device,
     peak: Option<f64>,
 ) -> Result<serde_json::Value> {
@@ -185,6 +209,7 @@ fn bench_one(
     let mut policy = Policy::from_config(&hf, lora.as_ref(), device, 0).context("build the model")?;
     policy.set_activation_checkpointing(ckpt);
     policy.set_activation_offloading(offload);
+    policy.set_fused_ops(fused);
     let n_params: i64 =
         policy.named_variables().iter().filter(|(n, _)| !n.contains("lora_")).map(|(_, t)| t.numel() as i64).sum();
     let mut trainer = Trainer::new(&cfg, device);
@@ -199,7 +224,8 @@ fn bench_one(
         trainer.step(&mut policy, &batches)?;
         Ok(())
     };
-    for _ in 0..warmup {
+    let steps = timing.steps.max(1);
+    for _ in 0..timing.warmup {
         run_step()?;
     }
     sync(device);
@@ -209,6 +235,16 @@ fn bench_one(
     }
     sync(device);
     let dt = start.elapsed().as_secs_f64() / steps as f64;
+    if let Some(path) = &timing.trace {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        }
+        trainq_engine::trace::start(device.is_cuda())?;
+        let traced = run_step();
+        sync(device);
+        trainq_engine::trace::stop(path)?;
+        traced?;
+    }
     let tokens = real_tokens as f64 / dt;
     // Attention FLOPs grow with the context a token sees: the row for plain rows (the peer's
     // convention), the token-weighted mean document length for packed ones.
@@ -221,7 +257,7 @@ fn bench_one(
     let tflops = fwd * factor * tokens / 1e12;
     let mut res = json!({
         "impl": "trainq", "shape": shape, "mode": mode, "seq": seq, "micro": micro, "ckpt": ckpt,
-        "offload": offload, "params_b": (n_params as f64 / 1e7).round() / 100.0, "tokens_per_s": tokens.round(),
+        "offload": offload, "fused_ops": policy.fused_ops_active(), "params_b": (n_params as f64 / 1e7).round() / 100.0, "tokens_per_s": tokens.round(),
         "step_s": (dt * 1e4).round() / 1e4, "model_tflops": (tflops * 10.0).round() / 10.0,
         "peak_mem_gib": device_memory_used_gib(device),
     });

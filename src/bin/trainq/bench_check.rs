@@ -1,8 +1,9 @@
 //! `trainq bench check`: the bf16 CUDA path against the f32 CPU path on the same random Qwen3
 //! weights and packed batch (log-probs, loss, gradients), plus activation checkpointing (and offloading) on CUDA
 //! against the plain backward, packed attention per document segment against the dense document
-//! mask on CUDA, and the fused CUDA AdamW kernel against the tensor-op AdamW, printed as one JSON
-//! line with pass/fail per check.
+//! mask on CUDA, the fused q/k/v and SwiGLU ops against libtorch's tensor ops on CUDA, and the
+//! fused CUDA AdamW kernel against the tensor-op AdamW, printed as one JSON line with pass/fail
+//! per check.
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -97,6 +98,14 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
     let loss_diff = (loss_gpu - loss_cpu).abs();
     let cos_bf16 = cosine(&grad_gpu, &grad_cpu);
     let cos_ckpt = cosine(&grad_ckpt, &grad_gpu);
+    // The same step with the fused q/k/v and SwiGLU ops off (libtorch's tensor ops).
+    let fused_ran = gpu.fused_ops_active();
+    gpu.set_fused_ops(false);
+    let (lp_ops, loss_ops, grad_ops) = measure(&mut gpu, &batch, false)?;
+    gpu.set_fused_ops(true);
+    let fused_vs_ops = (&lp_gpu - &lp_ops).abs().sum(Kind::Double).double_value(&[]) / trained_tokens(&batch);
+    let cos_fused_ops = cosine(&grad_gpu, &grad_ops);
+    let cos_ops_f32 = cosine(&grad_ops, &grad_cpu);
     let (adamw_f32, fused_f32) = fused_adamw_difference(device, Kind::Float)?;
     let (adamw_bf16, fused_bf16) = fused_adamw_difference(device, Kind::BFloat16)?;
     let checks = json!({
@@ -108,6 +117,9 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
         "packed_segments_vs_mask": seg_vs_mask <= LOGPROB_MEAN_TOLERANCE && cos_seg_mask >= GRAD_COSINE_MIN
             && (loss_mask - loss_gpu).abs() <= LOSS_ABS_TOLERANCE,
         "packed_segment_loop_vs_mask": loop_vs_mask <= LOGPROB_MEAN_TOLERANCE && cos_loop_mask >= GRAD_COSINE_MIN,
+        "fused_ops_vs_tensor_ops": fused_vs_ops <= LOGPROB_MEAN_TOLERANCE && cos_fused_ops >= GRAD_COSINE_MIN
+            && (loss_ops - loss_gpu).abs() <= LOSS_ABS_TOLERANCE,
+        "fused_ops_ran_on_cuda": !device.is_cuda() || fused_ran,
     });
     let ok = checks.as_object().is_some_and(|m| m.values().all(|v| v == &json!(true)));
     println!(
@@ -123,6 +135,8 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
             "adamw_fused_ran": fused_f32 && fused_bf16, "adamw_fused_vs_ops_f32": adamw_f32, "adamw_fused_vs_ops_bf16": adamw_bf16,
             "packed_segments_vs_mask": {"logprob_mean_abs_diff": seg_vs_mask, "grad_cosine": cos_seg_mask, "loss_mask": loss_mask},
             "packed_segment_loop_vs_mask": {"logprob_mean_abs_diff": loop_vs_mask, "grad_cosine": cos_loop_mask},
+            "fused_ops_vs_tensor_ops": {"ran": fused_ran, "logprob_mean_abs_diff": fused_vs_ops, "grad_cosine": cos_fused_ops,
+                "loss_abs_diff": (loss_ops - loss_gpu).abs(), "grad_cosine_tensor_ops_vs_f32": cos_ops_f32},
             "tolerances": {"logprob_mean": LOGPROB_MEAN_TOLERANCE, "loss_abs": LOSS_ABS_TOLERANCE, "grad_cosine_min": GRAD_COSINE_MIN},
         })
     );

@@ -24,9 +24,11 @@ __device__ __forceinline__ unsigned short float_to_bf16(float x) {
 }
 
 mod adamw;
+mod fused;
 mod softmax;
 
 pub use adamw::{fused_adamw_step, AdamWScalars};
+pub use fused::{FusedLaunchers, QkvArgs, SwiGluArgs, LAUNCHERS as FUSED_LAUNCHERS, NORM_GRAD_BLOCKS};
 pub use softmax::{onehot_minus_scaled_in_place, softmax_rows_in_place};
 
 use tch::Device;
@@ -50,7 +52,7 @@ struct Loaded {
 /// tensor ops on `Some`; once this says `None`, a failing launch is a real error.
 pub fn unavailable(device: Device) -> Option<String> {
     let Device::Cuda(ordinal) = device else { return Some(format!("{device:?} is not a CUDA device")) };
-    let sources = [adamw::SOURCE_NAME_AND_KERNEL, softmax::SOURCE_NAME_AND_KERNEL];
+    let sources = [adamw::SOURCE_NAME_AND_KERNEL, softmax::SOURCE_NAME_AND_KERNEL, fused::SOURCE_NAME_AND_KERNEL];
     sources
         .into_iter()
         .find_map(|(name, source, kernel)| function(ordinal, name, source, kernel).err().map(|e| e.to_string()))

@@ -53,14 +53,51 @@ __device__ void block_logsumexp(float& m, float& s) {
     s = shared_s[0];
 }
 
-// One block per row: logprobs[row] = x[t] - logsumexp(x); then x <- softmax(x), in place.
+// Eight bf16 of a 16-byte word to f32 and back.
+__device__ __forceinline__ void unpack8(uint4 w, float* v) {
+    unsigned int parts[4] = {w.x, w.y, w.z, w.w};
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[2 * i] = __uint_as_float(parts[i] << 16);
+        v[2 * i + 1] = __uint_as_float(parts[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ uint4 pack8(const float* v) {
+    unsigned int parts[4];
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        parts[i] = (unsigned int)float_to_bf16(v[2 * i]) | ((unsigned int)float_to_bf16(v[2 * i + 1]) << 16);
+    }
+    return make_uint4(parts[0], parts[1], parts[2], parts[3]);
+}
+
+// One block per row: logprobs[row] = x[t] - logsumexp(x); then x <- softmax(x), in place. Rows
+// whose length is a multiple of 8 are read and written 16 bytes at a time, with one rescale of
+// the running sum per 8 values.
 extern "C" __global__ void __launch_bounds__(1024) softmax_rows_bf16(unsigned short* logits, const long long* targets,
                                              float* logprobs, long long vocab) {
     unsigned short* x = logits + (long long)blockIdx.x * vocab;
     float m = NEG_INF, s = 0.0f;
-    for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float v = bf16_to_float(x[i]);
-        if (v > m) { s = s * expf(m - v) + 1.0f; m = v; } else if (v != NEG_INF) { s += expf(v - m); }
+    bool vec = (vocab & 7) == 0;
+    if (vec) {
+        const uint4* xv = (const uint4*)x;
+        for (long long i = threadIdx.x; i < vocab / 8; i += blockDim.x) {
+            float v[8];
+            unpack8(xv[i], v);
+            float top = v[0];
+            #pragma unroll
+            for (int j = 1; j < 8; j++) top = fmaxf(top, v[j]);
+            if (top > m) { s = (m == NEG_INF) ? 0.0f : s * __expf(m - top); m = top; }
+            if (m != NEG_INF) {
+                #pragma unroll
+                for (int j = 0; j < 8; j++) s += __expf(v[j] - m);
+            }
+        }
+    } else {
+        for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float v = bf16_to_float(x[i]);
+            if (v > m) { s = s * expf(m - v) + 1.0f; m = v; } else if (v != NEG_INF) { s += expf(v - m); }
+        }
     }
     block_logsumexp(m, s);
     if (threadIdx.x == 0) {
@@ -69,8 +106,19 @@ extern "C" __global__ void __launch_bounds__(1024) softmax_rows_bf16(unsigned sh
     }
     __syncthreads();
     float inv = 1.0f / s;
-    for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
-        x[i] = float_to_bf16(expf(bf16_to_float(x[i]) - m) * inv);
+    if (vec) {
+        uint4* xv = (uint4*)x;
+        for (long long i = threadIdx.x; i < vocab / 8; i += blockDim.x) {
+            float v[8];
+            unpack8(xv[i], v);
+            #pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = __expf(v[j] - m) * inv;
+            xv[i] = pack8(v);
+        }
+    } else {
+        for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
+            x[i] = float_to_bf16(expf(bf16_to_float(x[i]) - m) * inv);
+        }
     }
 }
 
@@ -80,6 +128,17 @@ extern "C" __global__ void __launch_bounds__(1024) onehot_minus_scaled_bf16(unsi
     unsigned short* p = probs + (long long)blockIdx.x * vocab;
     float c = coef[blockIdx.x];
     long long t = targets[blockIdx.x];
+    if ((vocab & 7) == 0) {
+        uint4* pv = (uint4*)p;
+        for (long long i = threadIdx.x; i < vocab / 8; i += blockDim.x) {
+            float v[8];
+            unpack8(pv[i], v);
+            #pragma unroll
+            for (int j = 0; j < 8; j++) v[j] = (8 * i + j == t) ? c - c * v[j] : -c * v[j];
+            pv[i] = pack8(v);
+        }
+        return;
+    }
     for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
         float d = -c * bf16_to_float(p[i]);
         if (i == t) d += c;

@@ -104,21 +104,42 @@ impl Linear {
 
     /// (…, in) -> (…, out)
     pub(crate) fn forward(&self, x: &Tensor) -> TchResult<Tensor> {
-        let y = x.f_linear(&self.weight, self.bias.as_ref())?;
-        match &self.lora {
-            Some(l) if l.enabled.load(Ordering::Relaxed) => {
-                // (…, in) -> (…, r), scaled there where it is cheapest; then y + low_rank · Bᵀ
-                // in one GEMM whose epilogue adds y (no separate (…, out) sum to write and read)
-                let low_rank = x.f_linear::<Tensor>(&l.lora_a, None)?.f_mul_scalar(l.scale)?;
-                let (out_dim, rank) = (l.lora_b.size()[0], l.lora_b.size()[1]);
-                let flat = y
-                    .f_reshape([-1, out_dim])?
-                    .f_addmm(&low_rank.f_reshape([-1, rank])?, &l.lora_b.f_transpose(0, 1)?)?;
-                flat.f_view(y.size().as_slice())
-            }
-            _ => Ok(y),
+        let mut y = linear_rows(x, &self.weight, self.bias.as_ref())?;
+        if let Some(l) = self.lora.as_ref().filter(|l| l.enabled.load(Ordering::Relaxed)) {
+            add_low_rank_(&mut y, x, &l.lora_a, &l.lora_b, l.scale)?;
         }
+        y.f_view(output_size(x, self.weight.size()[0]).as_slice())
     }
+}
+
+/// `x Wᵀ + b` for x (…, in) as a fresh (rows, out) matrix that no view shares, so that a LoRA
+/// term can be added into it in place ([`add_low_rank_`]).
+pub(crate) fn linear_rows(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> TchResult<Tensor> {
+    let rows = x.f_reshape([-1, weight.size()[1]])?;
+    let weight_t = weight.f_transpose(0, 1)?;
+    match bias {
+        Some(b) => b.f_addmm(&rows, &weight_t),
+        None => rows.f_mm(&weight_t),
+    }
+}
+
+/// `y += s · (x Aᵀ) Bᵀ` in place for y (rows, out) from [`linear_rows`], x (…, in), A (k, in)
+/// and B (out, k): the low-rank product scaled where it is smallest, then one GEMM whose epilogue
+/// adds into `y` (no copy of `y`, no separate sum).
+pub(crate) fn add_low_rank_(y: &mut Tensor, x: &Tensor, a: &Tensor, b: &Tensor, scale: f64) -> TchResult<()> {
+    // (rows, in) -> (rows, k)
+    let low_rank = x.f_reshape([-1, a.size()[1]])?.f_mm(&a.f_transpose(0, 1)?)?.f_mul_scalar(scale)?;
+    let _ = y.f_addmm_(&low_rank, &b.f_transpose(0, 1)?)?;
+    Ok(())
+}
+
+/// The size of a projection's output for input `x` (…, in): (…, out).
+pub(crate) fn output_size(x: &Tensor, out: i64) -> Vec<i64> {
+    let mut size = x.size();
+    if let Some(last) = size.last_mut() {
+        *last = out;
+    }
+    size
 }
 
 /// PEFT's init of `lora_A` (r, in), kaiming-uniform: U(−1/√in, 1/√in), f32 on the CPU. The
@@ -194,35 +215,58 @@ impl RotaryEmbedding {
     }
 
     /// The tables of one forward pass over `position_ids` (B, L), in `kind`, for attention with
-    /// `heads` query heads and `kv_heads` key heads.
-    pub(crate) fn tables(&self, position_ids: &Tensor, kind: Kind, heads: i64, kv_heads: i64) -> TchResult<RopeTables> {
+    /// `heads` query heads and `kv_heads` key heads. With `fused` the layers run the fused
+    /// kernels (`model::fused_ops`), which read cos and sin per token, and the per-head tables
+    /// are not made.
+    pub(crate) fn tables(
+        &self,
+        position_ids: &Tensor,
+        kind: Kind,
+        (heads, kv_heads): (i64, i64),
+        fused: bool,
+    ) -> TchResult<RopeTables> {
         // (B, L, 1) * (D/2) -> (B, L, D/2) -> (B, L, 1, D)
         let freqs = position_ids.f_to_kind(Kind::Float)?.f_unsqueeze(-1)?.f_mul(&self.inv_freq)?;
         let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?.f_unsqueeze(2)?;
         let (cos, sin) = (emb.f_cos()?.f_to_kind(kind)?, emb.f_sin()?.f_to_kind(kind)?);
         let mut per_head_count = Vec::new();
         for n in [heads, kv_heads] {
-            if per_head_count.iter().all(|(m, _, _)| *m != n) {
+            if !fused && per_head_count.iter().all(|(m, _, _)| *m != n) {
                 let (b, l, d) = (cos.size()[0], cos.size()[1], cos.size()[3]);
                 let expand = |t: &Tensor| t.f_expand([b, l, n, d], false)?.f_contiguous();
                 per_head_count.push((n, expand(&cos)?, expand(&sin)?));
             }
         }
-        Ok(RopeTables { per_head_count, rotate: self.rotate.shallow_clone() })
+        let d = cos.size()[3];
+        let per_token = (cos.f_reshape([-1, d])?, sin.f_reshape([-1, d])?);
+        Ok(RopeTables { per_head_count, per_token, rotate: self.rotate.shallow_clone(), fused })
     }
 }
 
 /// cos and sin of one forward pass laid out as (B, L, heads, D), one pair per head count (query
 /// and key heads), materialized so that every product below is one contiguous, vectorized pass;
-/// and `rotate`, the (D, D) signed permutation with `x · rotate = rotate_half(x)`.
+/// `rotate`, the (D, D) signed permutation with `x · rotate = rotate_half(x)`; and, for the
+/// fused kernels, cos and sin per token (B·L, D) and whether the layers use those kernels.
 #[derive(Debug)]
 pub(crate) struct RopeTables {
     per_head_count: Vec<(i64, Tensor, Tensor)>,
+    per_token: (Tensor, Tensor),
     rotate: Tensor,
+    fused: bool,
 }
 
 impl RopeTables {
-    /// HF's `x * cos + rotate_half(x) * sin` for x (B, L, heads, D) contiguous. `rotate_half`
+    /// Whether this forward runs the fused q/k/v and SwiGLU ops.
+    pub(crate) fn fused(&self) -> bool {
+        self.fused
+    }
+
+    /// (B·L, D) cos and sin, contiguous.
+    pub(crate) fn per_token(&self) -> (&Tensor, &Tensor) {
+        (&self.per_token.0, &self.per_token.1)
+    }
+
+    /// HF's `x * cos + rotate_half(x) * sin` for x (B, L, heads, D). `rotate_half`
     /// (−x₂, x₁) is a small GEMM with an exact ±1 permutation (one term per output), which reads
     /// `x` once and needs no contiguous copy, unlike `cat`/`narrow` or `roll`; its backward is
     /// the transposed GEMM.

@@ -6,6 +6,8 @@
 
 mod activation_checkpointing;
 mod flash_varlen;
+mod fused_linear;
+mod fused_ops;
 pub mod hf_config;
 mod layers;
 pub mod logprobs;

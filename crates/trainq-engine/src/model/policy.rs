@@ -280,6 +280,18 @@ impl Policy {
         self.packed_attention = packed;
     }
 
+    /// Turns the fused decoder-layer ops on or off (on by default): on CUDA in bf16 the q/k norm
+    /// + RoPE and SwiGLU run as kernels of ours with their own backward (`model::fused_ops`);
+    /// off, or elsewhere, as libtorch tensor ops (the reference `bench check` compares with).
+    pub fn set_fused_ops(&mut self, enabled: bool) {
+        self.lm.fused_ops = enabled;
+    }
+
+    /// Whether forwards run the fused ops: switched on and able to run on this device and dtype.
+    pub fn fused_ops_active(&self) -> bool {
+        self.lm.fused_ops_active(self.device(), self.kind)
+    }
+
     /// Whether activation checkpointing is on.
     pub fn activation_checkpointing(&self) -> bool {
         self.activation_checkpointing

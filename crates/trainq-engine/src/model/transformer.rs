@@ -4,15 +4,16 @@
 use tch::{nn, Kind, Tensor};
 
 use super::flash_varlen::{flash_varlen, CuSeqlens};
+use super::fused_linear::FusedLinear;
+use super::fused_ops::{qkv_norm_rope, swiglu, QkvSpec};
 use super::hf_config::{Architecture, HfConfig};
 use super::layers::{Init, Linear, LoraSpec, RmsNorm, RopeTables, RotaryEmbedding, TchResult};
 
-/// `self_attn`: GQA with RoPE, per-head q/k RMSNorm on Qwen3.
+/// `self_attn`: GQA with RoPE, per-head q/k RMSNorm on Qwen3. `q_proj`, `k_proj` and `v_proj`
+/// run as one projection (`qkv`).
 #[derive(Debug)]
 pub(crate) struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    qkv: FusedLinear,
     o_proj: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
@@ -28,10 +29,13 @@ impl Attention {
         let qkv_bias = cfg.qkv_bias();
         let qwen3 = cfg.architecture() == Architecture::Qwen3;
         let norm = |name: &str| RmsNorm::new(&path / name, d, cfg.rms_norm_eps, init);
+        let members = vec![
+            Linear::new(&path / "q_proj", h, heads * d, qkv_bias, init, lora)?,
+            Linear::new(&path / "k_proj", h, kv * d, qkv_bias, init, lora)?,
+            Linear::new(&path / "v_proj", h, kv * d, qkv_bias, init, lora)?,
+        ];
         Ok(Self {
-            q_proj: Linear::new(&path / "q_proj", h, heads * d, qkv_bias, init, lora)?,
-            k_proj: Linear::new(&path / "k_proj", h, kv * d, qkv_bias, init, lora)?,
-            v_proj: Linear::new(&path / "v_proj", h, kv * d, qkv_bias, init, lora)?,
+            qkv: FusedLinear::new(members, !init.base_trainable)?,
             o_proj: Linear::new(&path / "o_proj", heads * d, h, cfg.o_bias(), init, lora)?,
             q_norm: if qwen3 { Some(norm("q_norm")?) } else { None },
             k_norm: if qwen3 { Some(norm("k_norm")?) } else { None },
@@ -41,21 +45,42 @@ impl Attention {
         })
     }
 
-    /// (B, L, hidden) -> (B, L, hidden), documents kept apart as `layout` says.
-    fn forward(&self, x: &Tensor, rope: &RopeTables, layout: &DocumentLayout) -> TchResult<Tensor> {
+    /// (B, L, hidden) -> q (B, L, H, D), k and v (B, L, KV, D): one projection, then q and k
+    /// normed per head (Qwen3) and rotated, by the fused op when the forward uses it.
+    fn project(&self, x: &Tensor, rope: &RopeTables) -> TchResult<(Tensor, Tensor, Tensor)> {
         let (b, l) = (x.size()[0], x.size()[1]);
-        // (B, L, n*D) -> (B, L, n, D), normed per head and rotated in this layout (contiguous),
-        // then seen as (B, n, L, D) for attention.
-        let heads = |proj: &Linear, n: i64, norm: &Option<RmsNorm>| -> TchResult<Tensor> {
-            let t = proj.forward(x)?.f_view([b, l, n, self.head_dim])?;
+        let (h, kv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        // (B, L, hidden) -> (B, L, (H + 2·KV)·D)
+        let qkv = self.qkv.forward(x)?;
+        if rope.fused() {
+            let norms = match (&self.q_norm, &self.k_norm) {
+                (Some(q), Some(k)) => Some((&q.weight, &k.weight)),
+                _ => None,
+            };
+            let eps = self.q_norm.as_ref().map_or(1e-6, |n| n.eps);
+            let spec = QkvSpec { norms, cos_sin: rope.per_token(), heads: h, kv_heads: kv, eps };
+            // (B·L, (H + 2·KV)·D) -> (B·L, n, D) each, then (B, L, n, D)
+            let (q, k, v) = qkv_norm_rope(&qkv.f_reshape([b * l, (h + 2 * kv) * d])?, &spec)?;
+            return Ok((q.f_view([b, l, h, d])?, k.f_view([b, l, kv, d])?, v.f_view([b, l, kv, d])?));
+        }
+        let parts = qkv.f_split_with_sizes([h * d, kv * d, kv * d], -1)?;
+        // (B, L, n·D) -> (B, L, n, D), normed per head and rotated in this layout
+        let heads = |t: &Tensor, n: i64, norm: &Option<RmsNorm>| -> TchResult<Tensor> {
+            let t = t.f_view([b, l, n, d])?;
             match norm {
                 Some(norm) => norm.forward(&t),
                 None => Ok(t),
             }
         };
-        let q = rope.apply(&heads(&self.q_proj, self.num_heads, &self.q_norm)?)?;
-        let k = rope.apply(&heads(&self.k_proj, self.num_kv_heads, &self.k_norm)?)?;
-        let v = heads(&self.v_proj, self.num_kv_heads, &None)?;
+        let q = rope.apply(&heads(&parts[0], h, &self.q_norm)?)?;
+        let k = rope.apply(&heads(&parts[1], kv, &self.k_norm)?)?;
+        Ok((q, k, heads(&parts[2], kv, &None)?))
+    }
+
+    /// (B, L, hidden) -> (B, L, hidden), documents kept apart as `layout` says.
+    fn forward(&self, x: &Tensor, rope: &RopeTables, layout: &DocumentLayout) -> TchResult<Tensor> {
+        let (b, l) = (x.size()[0], x.size()[1]);
+        let (q, k, v) = self.project(x, rope)?;
         let gqa = self.num_heads != self.num_kv_heads;
         let mask = match layout {
             DocumentLayout::Causal => None,
@@ -96,26 +121,41 @@ impl Attention {
     }
 }
 
-/// `mlp`: SwiGLU, `down(silu(gate(x)) * up(x))`.
+/// `mlp`: SwiGLU, `down(silu(gate(x)) * up(x))`; `gate_proj` and `up_proj` run as one
+/// projection (`gate_up`).
 #[derive(Debug)]
 pub(crate) struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    gate_up: FusedLinear,
     down_proj: Linear,
+    intermediate: i64,
 }
 
 impl Mlp {
     fn new(path: nn::Path<'_>, cfg: &HfConfig, init: &Init, lora: Option<&LoraSpec>) -> TchResult<Self> {
         let (h, i, bias) = (cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias());
+        let members = vec![
+            Linear::new(&path / "gate_proj", h, i, bias, init, lora)?,
+            Linear::new(&path / "up_proj", h, i, bias, init, lora)?,
+        ];
         Ok(Self {
-            gate_proj: Linear::new(&path / "gate_proj", h, i, bias, init, lora)?,
-            up_proj: Linear::new(&path / "up_proj", h, i, bias, init, lora)?,
+            gate_up: FusedLinear::new(members, !init.base_trainable)?,
             down_proj: Linear::new(&path / "down_proj", i, h, bias, init, lora)?,
+            intermediate: i,
         })
     }
 
-    fn forward(&self, x: &Tensor) -> TchResult<Tensor> {
-        let gated = self.gate_proj.forward(x)?.f_silu()?.f_mul(&self.up_proj.forward(x)?)?;
+    /// (B, L, hidden) -> (B, L, hidden); with `fused`, SwiGLU is one op of ours.
+    fn forward(&self, x: &Tensor, fused: bool) -> TchResult<Tensor> {
+        // (B, L, hidden) -> (B, L, 2·I): gate, then up
+        let gate_up = self.gate_up.forward(x)?;
+        let i = self.intermediate;
+        let gated = if fused {
+            let (b, l) = (x.size()[0], x.size()[1]);
+            swiglu(&gate_up.f_reshape([b * l, 2 * i])?)?.f_view([b, l, i])?
+        } else {
+            let parts = gate_up.f_split(i, -1)?;
+            parts[0].f_silu()?.f_mul(&parts[1])?
+        };
         self.down_proj.forward(&gated)
     }
 }
@@ -142,7 +182,7 @@ impl DecoderLayer {
 
     pub(super) fn forward(&self, x: &Tensor, rope: &RopeTables, layout: &DocumentLayout) -> TchResult<Tensor> {
         let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, layout)?)?;
-        x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?)
+        x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?, rope.fused())?)
     }
 }
 
@@ -155,6 +195,8 @@ pub(crate) struct CausalLm {
     pub(super) rotary: RotaryEmbedding,
     /// (vocab, hidden); the same tensor as `embed_tokens` when embeddings are tied.
     pub(crate) lm_head: Tensor,
+    /// Whether forwards on CUDA in bf16 run the fused q/k/v and SwiGLU ops (`model::fused_ops`).
+    pub(crate) fused_ops: bool,
 }
 
 impl CausalLm {
@@ -173,7 +215,7 @@ impl CausalLm {
             init.weight(&(root / "lm_head"), "weight", &[cfg.vocab_size, cfg.hidden_size], false)?
         };
         let rotary = RotaryEmbedding::new(cfg, root.device(), init.kind)?;
-        Ok(Self { embed_tokens, layers, norm, rotary, lm_head })
+        Ok(Self { embed_tokens, layers, norm, rotary, lm_head, fused_ops: true })
     }
 
     /// Final hidden states (B, L, hidden) after the last norm, for `input_ids` and
@@ -194,11 +236,23 @@ impl CausalLm {
 }
 
 impl CausalLm {
-    /// The rotary tables of a forward pass over `position_ids`, for this model's head counts.
+    /// The rotary tables of a forward pass over `position_ids`, for this model's head counts;
+    /// they also say whether the layers run the fused ops ([`CausalLm::fused_ops_active`]).
     pub(super) fn rope_tables(&self, position_ids: &Tensor, kind: Kind) -> TchResult<RopeTables> {
         let (heads, kv_heads) =
             self.layers.first().map_or((1, 1), |l| (l.self_attn.num_heads, l.self_attn.num_kv_heads));
-        self.rotary.tables(position_ids, kind, heads, kv_heads)
+        let fused = self.fused_ops_active(position_ids.device(), kind);
+        self.rotary.tables(position_ids, kind, (heads, kv_heads), fused)
+    }
+
+    /// Whether forwards on `device` in `kind` run the fused q/k/v and SwiGLU ops: switched on,
+    /// available there (CUDA, bf16, kernels compiled) and a head dim and width the kernels take.
+    pub(crate) fn fused_ops_active(&self, device: tch::Device, kind: Kind) -> bool {
+        let shape_fits = self
+            .layers
+            .first()
+            .is_some_and(|l| matches!(l.self_attn.head_dim, 64 | 128 | 256) && l.mlp.intermediate % 8 == 0);
+        self.fused_ops && shape_fits && super::fused_ops::available(device, kind)
     }
 }
 

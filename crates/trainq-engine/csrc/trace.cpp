@@ -1,0 +1,55 @@
+// A C entry point to libtorch's Kineto profiler (tch binds none): the CUDA kernels (or, on the
+// CPU, the operators) of the work between start and stop, with their start times and durations,
+// saved as a Chrome trace.
+// `trainq bench train --trace` records one step with it; ops/bench/trace_summary.py reads the
+// file (GPU time by kernel family, and how much of the step the GPU sat idle). Errors come back
+// as a malloc'd string (trainq_free_message, in offload.cpp).
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <set>
+#include <string>
+
+namespace {
+
+using torch::profiler::impl::ActivityType;
+using torch::profiler::impl::ProfilerConfig;
+using torch::profiler::impl::ProfilerState;
+
+ProfilerConfig config() { return ProfilerConfig(ProfilerState::KINETO); }
+
+// CUDA kernels alone on a GPU (the summary reads only those, and the trace stays small);
+// operators on the CPU.
+std::set<ActivityType> activities(bool cuda) {
+  if (cuda) return {ActivityType::CUDA};
+  return {ActivityType::CPU};
+}
+
+}  // namespace
+
+extern "C" {
+
+// Starts recording CUDA kernels when `cuda` is non-zero, else CPU operators.
+char* trainq_trace_start(int cuda) {
+  try {
+    torch::autograd::profiler::prepareProfiler(config(), activities(cuda != 0));
+    torch::autograd::profiler::enableProfiler(config(), activities(cuda != 0));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return strdup(e.what());
+  }
+}
+
+// Stops recording and writes the Chrome trace (JSON) to `path`.
+char* trainq_trace_stop(const char* path) {
+  try {
+    auto result = torch::autograd::profiler::disableProfiler();
+    result->save(std::string(path));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return strdup(e.what());
+  }
+}
+
+}  // extern "C"

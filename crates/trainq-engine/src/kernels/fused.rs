@@ -1,0 +1,448 @@
+//! Fused forward and backward kernels of the decoder layer's elementwise work, called by the
+//! C++ autograd functions in csrc/fused_ops.cpp (libtorch records them in the graph; these
+//! launch the arithmetic):
+//!
+//! - `qkv_norm_rope`: from the fused q/k/v projection's output, per head the RMSNorm of q and k
+//!   (Qwen3's `q_norm`/`k_norm`, statistics in f32) and the rotary embedding, in one pass that
+//!   writes q, k and v in their own tensors; backward in one pass that writes the gradient of the
+//!   whole projection output (and per-block partial sums of the norm weights' gradients when they
+//!   train). Replaces two norm kernels, six RoPE passes and the copies between them.
+//! - `swiglu`: `silu(gate) · up` from the fused gate/up projection's output, and its backward,
+//!   keeping nothing but that output for the backward (autograd through `silu` and `mul` also
+//!   keeps `silu(gate)`).
+//!
+//! All arithmetic in f32, one rounding to bf16 per output.
+
+use std::ffi::c_char;
+
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+
+use crate::error::{Error, Result};
+
+const SOURCE_NAME: &str = "trainq_fused.cu";
+
+/// (source name, source, one of its kernels), for [`super::unavailable`].
+pub(super) const SOURCE_NAME_AND_KERNEL: (&str, &str, &str) = (SOURCE_NAME, SOURCE, "qkv_norm_rope_fwd_128");
+
+/// Threads per block of the row kernels (8 warps, one row of `head_dim` per warp).
+const ROW_THREADS: u32 = 256;
+/// Blocks of the backward row kernel (a grid-stride loop; each block writes one partial sum
+/// of the norm weights' gradients).
+pub const NORM_GRAD_BLOCKS: u32 = 1056;
+
+const SOURCE: &str = concat!(
+    bf16_helpers!(),
+    r#"
+#define FULL 0xffffffffu
+
+__device__ __forceinline__ float warp_sum(float x) {
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL, x, o);
+    return x;
+}
+
+// E consecutive bf16 (E = 2, 4 or 8, aligned to 2·E bytes) to and from f32 registers, in one
+// 4-, 8- or 16-byte access.
+__device__ __forceinline__ void unpack(unsigned int two, float* x) {
+    x[0] = __uint_as_float(two << 16);
+    x[1] = __uint_as_float(two & 0xffff0000u);
+}
+__device__ __forceinline__ unsigned int pack(const float* x) {
+    return (unsigned int)float_to_bf16(x[0]) | ((unsigned int)float_to_bf16(x[1]) << 16);
+}
+template <int E> __device__ __forceinline__ void load_row(const unsigned short* p, float* x);
+template <> __device__ __forceinline__ void load_row<2>(const unsigned short* p, float* x) {
+    unpack(*(const unsigned int*)p, x);
+}
+template <> __device__ __forceinline__ void load_row<4>(const unsigned short* p, float* x) {
+    uint2 w = *(const uint2*)p;
+    unpack(w.x, x);
+    unpack(w.y, x + 2);
+}
+template <> __device__ __forceinline__ void load_row<8>(const unsigned short* p, float* x) {
+    uint4 w = *(const uint4*)p;
+    unpack(w.x, x);
+    unpack(w.y, x + 2);
+    unpack(w.z, x + 4);
+    unpack(w.w, x + 6);
+}
+template <int E> __device__ __forceinline__ void store_row(unsigned short* p, const float* x);
+template <> __device__ __forceinline__ void store_row<2>(unsigned short* p, const float* x) {
+    *(unsigned int*)p = pack(x);
+}
+template <> __device__ __forceinline__ void store_row<4>(unsigned short* p, const float* x) {
+    *(uint2*)p = make_uint2(pack(x), pack(x + 2));
+}
+template <> __device__ __forceinline__ void store_row<8>(unsigned short* p, const float* x) {
+    *(uint4*)p = make_uint4(pack(x), pack(x + 2), pack(x + 4), pack(x + 6));
+}
+
+// qkv (N, T·D), T = H + 2·KV heads (q heads, then k, then v). One warp per (token, head); lane l
+// holds elements [l·E, l·E + E), E = D / 32, so rotate_half's partner of each element sits in
+// lane l ^ 16 at the same slot. qw / kw (D) may be null (no q/k norm); rope = 0 skips RoPE.
+template <int E> __device__ void qkv_fwd(const unsigned short* qkv, const unsigned short* qw,
+        const unsigned short* kw, const unsigned short* cosv, const unsigned short* sinv,
+        unsigned short* q, unsigned short* k, unsigned short* v, float* rstd,
+        long long n, int H, int KV, float eps, int rope) {
+    const int D = 32 * E;
+    int T = H + 2 * KV, lane = threadIdx.x & 31;
+    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (row >= n * T) return;
+    long long tok = row / T;
+    int head = (int)(row - tok * T);
+    float x[E];
+    load_row<E>(qkv + row * D + lane * E, x);
+    if (head >= H + KV) {
+        store_row<E>(v + (tok * KV + (head - H - KV)) * D + lane * E, x);
+        return;
+    }
+    bool is_q = head < H;
+    const unsigned short* w = is_q ? qw : kw;
+    if (w) {
+        float ss = 0.0f, wv[E];
+        #pragma unroll
+        for (int e = 0; e < E; e++) ss += x[e] * x[e];
+        float r = rsqrtf(warp_sum(ss) / D + eps);
+        load_row<E>(w + lane * E, wv);
+        #pragma unroll
+        for (int e = 0; e < E; e++) x[e] = x[e] * r * wv[e];
+        if (lane == 0) rstd[tok * (H + KV) + head] = r;
+    }
+    unsigned short* dst = (is_q ? q + (tok * H + head) * D : k + (tok * KV + (head - H)) * D) + lane * E;
+    if (rope) {
+        float c[E], s[E], y[E];
+        load_row<E>(cosv + tok * D + lane * E, c);
+        load_row<E>(sinv + tok * D + lane * E, s);
+        float sign = lane < 16 ? -1.0f : 1.0f;
+        #pragma unroll
+        for (int e = 0; e < E; e++) {
+            float partner = __shfl_xor_sync(FULL, x[e], 16);
+            y[e] = x[e] * c[e] + sign * partner * s[e];
+        }
+        store_row<E>(dst, y);
+    } else {
+        store_row<E>(dst, x);
+    }
+}
+
+// Backward of qkv_fwd: dq (N, H, D), dk and dv (N, KV, D) -> dqkv (N, T·D). When qw_part /
+// kw_part are not null, each block adds up its rows' contributions to the norm weights'
+// gradients and writes them to row blockIdx.x of (gridDim.x, D) f32 partials.
+template <int E> __device__ void qkv_bwd(const unsigned short* qkv, const unsigned short* qw,
+        const unsigned short* kw, const unsigned short* cosv, const unsigned short* sinv,
+        const float* rstd, const unsigned short* dq, const unsigned short* dk, const unsigned short* dv,
+        unsigned short* dqkv, float* qw_part, float* kw_part, long long n, int H, int KV, int rope) {
+    const int D = 32 * E;
+    __shared__ float acc_q[8][D];
+    __shared__ float acc_k[8][D];
+    int T = H + 2 * KV, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int warps = blockDim.x >> 5;
+    float gq[E], gk[E], wq[E], wk[E];
+    #pragma unroll
+    for (int e = 0; e < E; e++) { gq[e] = 0.0f; gk[e] = 0.0f; wq[e] = 0.0f; wk[e] = 0.0f; }
+    if (qw) load_row<E>(qw + lane * E, wq);
+    if (kw) load_row<E>(kw + lane * E, wk);
+    long long rows = n * T;
+    for (long long row = (long long)blockIdx.x * warps + warp; row < rows; row += (long long)gridDim.x * warps) {
+        long long tok = row / T;
+        int head = (int)(row - tok * T);
+        unsigned short* dst = dqkv + row * D + lane * E;
+        float du[E];
+        if (head >= H + KV) {
+            load_row<E>(dv + (tok * KV + (head - H - KV)) * D + lane * E, du);
+            store_row<E>(dst, du);
+            continue;
+        }
+        bool is_q = head < H;
+        bool norm = is_q ? qw != 0 : kw != 0;
+        float dy[E];
+        load_row<E>((is_q ? dq + (tok * H + head) * D : dk + (tok * KV + (head - H)) * D) + lane * E, dy);
+        if (rope) {
+            float c[E], s[E];
+            load_row<E>(cosv + tok * D + lane * E, c);
+            load_row<E>(sinv + tok * D + lane * E, s);
+            // du_j = dy_j cos_j + sign_j · dy_p(j) sin_p(j), sign +1 in the first half, −1 in the second
+            float sign = lane < 16 ? 1.0f : -1.0f;
+            #pragma unroll
+            for (int e = 0; e < E; e++) {
+                float partner = __shfl_xor_sync(FULL, dy[e] * s[e], 16);
+                du[e] = dy[e] * c[e] + sign * partner;
+            }
+        } else {
+            #pragma unroll
+            for (int e = 0; e < E; e++) du[e] = dy[e];
+        }
+        if (!norm) {
+            store_row<E>(dst, du);
+            continue;
+        }
+        float x[E], dx[E];
+        load_row<E>(qkv + row * D + lane * E, x);
+        float r = rstd[tok * (H + KV) + head];
+        float dot = 0.0f;
+        #pragma unroll
+        for (int e = 0; e < E; e++) {
+            x[e] *= r;                                  // x̂
+            float dxh = du[e] * (is_q ? wq[e] : wk[e]);
+            dx[e] = dxh;
+            dot += dxh * x[e];
+            if (is_q) gq[e] += du[e] * x[e]; else gk[e] += du[e] * x[e];
+        }
+        dot = warp_sum(dot) / D;
+        #pragma unroll
+        for (int e = 0; e < E; e++) dx[e] = r * (dx[e] - x[e] * dot);
+        store_row<E>(dst, dx);
+    }
+    if (!qw_part && !kw_part) return;
+    #pragma unroll
+    for (int e = 0; e < E; e++) { acc_q[warp][lane * E + e] = gq[e]; acc_k[warp][lane * E + e] = gk[e]; }
+    __syncthreads();
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float sq = 0.0f, sk = 0.0f;
+        for (int w2 = 0; w2 < warps; w2++) { sq += acc_q[w2][i]; sk += acc_k[w2][i]; }
+        if (qw_part) qw_part[(long long)blockIdx.x * D + i] = sq;
+        if (kw_part) kw_part[(long long)blockIdx.x * D + i] = sk;
+    }
+}
+
+#define QKV_KERNELS(E, D)                                                                                    \
+extern "C" __global__ void __launch_bounds__(256) qkv_norm_rope_fwd_##D(const unsigned short* qkv,          \
+        const unsigned short* qw, const unsigned short* kw, const unsigned short* cosv,                      \
+        const unsigned short* sinv, unsigned short* q, unsigned short* k, unsigned short* v, float* rstd,    \
+        long long n, int H, int KV, float eps, int rope) {                                                   \
+    qkv_fwd<E>(qkv, qw, kw, cosv, sinv, q, k, v, rstd, n, H, KV, eps, rope);                                 \
+}                                                                                                            \
+extern "C" __global__ void __launch_bounds__(256) qkv_norm_rope_bwd_##D(const unsigned short* qkv,          \
+        const unsigned short* qw, const unsigned short* kw, const unsigned short* cosv,                      \
+        const unsigned short* sinv, const float* rstd, const unsigned short* dq, const unsigned short* dk,   \
+        const unsigned short* dv, unsigned short* dqkv, float* qw_part, float* kw_part, long long n, int H,  \
+        int KV, int rope) {                                                                                  \
+    qkv_bwd<E>(qkv, qw, kw, cosv, sinv, rstd, dq, dk, dv, dqkv, qw_part, kw_part, n, H, KV, rope);           \
+}
+QKV_KERNELS(2, 64)
+QKV_KERNELS(4, 128)
+QKV_KERNELS(8, 256)
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+// gu (N, 2I): gate in the first I columns of each row, up in the last I; out (N, I). Each thread
+// takes eight neighbouring columns (I a multiple of 8: 16-byte accesses).
+extern "C" __global__ void swiglu_fwd(const unsigned short* gu, unsigned short* out, long long n, long long I) {
+    long long per_row = I / 8, total = n * per_row, stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        long long row = i / per_row, col = 8 * (i - row * per_row);
+        float g[8], u[8], y[8];
+        load_row<8>(gu + row * 2 * I + col, g);
+        load_row<8>(gu + row * 2 * I + I + col, u);
+        #pragma unroll
+        for (int e = 0; e < 8; e++) y[e] = g[e] * sigmoid(g[e]) * u[e];
+        store_row<8>(out + row * I + col, y);
+    }
+}
+
+// dgu (N, 2I) from dout (N, I) and gu.
+extern "C" __global__ void swiglu_bwd(const unsigned short* gu, const unsigned short* dout, unsigned short* dgu,
+        long long n, long long I) {
+    long long per_row = I / 8, total = n * per_row, stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        long long row = i / per_row, col = 8 * (i - row * per_row);
+        float g[8], u[8], d[8], dg[8], du[8];
+        load_row<8>(gu + row * 2 * I + col, g);
+        load_row<8>(gu + row * 2 * I + I + col, u);
+        load_row<8>(dout + row * I + col, d);
+        #pragma unroll
+        for (int e = 0; e < 8; e++) {
+            float s = sigmoid(g[e]);
+            dg[e] = d[e] * u[e] * s * (1.0f + g[e] * (1.0f - s));
+            du[e] = d[e] * g[e] * s;
+        }
+        store_row<8>(dgu + row * 2 * I + col, dg);
+        store_row<8>(dgu + row * 2 * I + I + col, du);
+    }
+}
+"#
+);
+
+/// Arguments of the q/k/v kernels, as csrc/fused_ops.cpp passes them: device addresses (0 for
+/// an absent tensor) and sizes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct QkvArgs {
+    /// CUDA ordinal of every tensor.
+    pub device: i64,
+    /// (N, T·D) bf16, the projection's output.
+    pub qkv: u64,
+    /// (D,) bf16 or 0.
+    pub q_weight: u64,
+    /// (D,) bf16 or 0.
+    pub k_weight: u64,
+    /// (N, D) bf16, or 0 for no RoPE.
+    pub cos: u64,
+    /// (N, D) bf16, or 0 for no RoPE.
+    pub sin: u64,
+    /// (N, H + KV) f32.
+    pub rstd: u64,
+    /// (N, H, D) bf16: output of the forward, gradient in the backward.
+    pub q: u64,
+    /// (N, KV, D) bf16, likewise.
+    pub k: u64,
+    /// (N, KV, D) bf16, likewise.
+    pub v: u64,
+    /// (N, T·D) bf16, written by the backward.
+    pub dqkv: u64,
+    /// (NORM_GRAD_BLOCKS, D) f32 partial sums, or 0 when the norm weights do not train.
+    pub q_weight_partial: u64,
+    /// Likewise for k.
+    pub k_weight_partial: u64,
+    /// Tokens.
+    pub n: i64,
+    /// Query heads.
+    pub heads: i32,
+    /// Key/value heads.
+    pub kv_heads: i32,
+    /// Head dim: 64, 128 or 256.
+    pub head_dim: i32,
+    /// RMSNorm epsilon.
+    pub eps: f32,
+}
+
+/// Arguments of the SwiGLU kernels: gate/up (N, 2I), out / its gradient (N, I), and the
+/// gradient of gate/up (backward).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct SwiGluArgs {
+    /// CUDA ordinal.
+    pub device: i64,
+    /// (N, 2I) bf16.
+    pub gate_up: u64,
+    /// (N, I) bf16: the output, or its gradient in the backward.
+    pub out: u64,
+    /// (N, 2I) bf16, written by the backward.
+    pub grad_gate_up: u64,
+    /// Rows.
+    pub n: i64,
+    /// Intermediate size.
+    pub intermediate: i64,
+}
+
+/// The launchers csrc/fused_ops.cpp calls, in the layout it declares: each returns 0, or 1
+/// after writing a NUL-terminated message of at most `len` bytes into `message`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct FusedLaunchers {
+    /// q/k/v forward.
+    pub qkv_forward: unsafe extern "C" fn(*const QkvArgs, *mut c_char, usize) -> i32,
+    /// q/k/v backward.
+    pub qkv_backward: unsafe extern "C" fn(*const QkvArgs, *mut c_char, usize) -> i32,
+    /// SwiGLU forward.
+    pub swiglu_forward: unsafe extern "C" fn(*const SwiGluArgs, *mut c_char, usize) -> i32,
+    /// SwiGLU backward.
+    pub swiglu_backward: unsafe extern "C" fn(*const SwiGluArgs, *mut c_char, usize) -> i32,
+}
+
+/// The launchers, for registration with the C++ side.
+pub const LAUNCHERS: FusedLaunchers = FusedLaunchers {
+    qkv_forward: qkv_forward_c,
+    qkv_backward: qkv_backward_c,
+    swiglu_forward: swiglu_forward_c,
+    swiglu_backward: swiglu_backward_c,
+};
+
+fn launch_qkv(args: &QkvArgs, backward: bool) -> Result<()> {
+    if !matches!(args.head_dim, 64 | 128 | 256) || args.heads <= 0 || args.kv_heads <= 0 {
+        return Err(Error::Kernel(format!("qkv kernels: unsupported head layout {args:?}")));
+    }
+    let rows = args.n * i64::from(args.heads + 2 * args.kv_heads);
+    if rows == 0 {
+        return Ok(());
+    }
+    let name = format!("qkv_norm_rope_{}_{}", if backward { "bwd" } else { "fwd" }, args.head_dim);
+    let (ctx, f) = super::function(args.device as usize, SOURCE_NAME, SOURCE, &name)?;
+    let stream = ctx.default_stream();
+    let rope = i32::from(args.cos != 0);
+    let warps_per_block = i64::from(ROW_THREADS / 32);
+    let blocks = if backward { NORM_GRAD_BLOCKS } else { ((rows + warps_per_block - 1) / warps_per_block) as u32 };
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
+    let mut builder = stream.launch_builder(&f);
+    builder.arg(&args.qkv).arg(&args.q_weight).arg(&args.k_weight).arg(&args.cos).arg(&args.sin);
+    if backward {
+        builder.arg(&args.rstd).arg(&args.q).arg(&args.k).arg(&args.v).arg(&args.dqkv);
+        builder.arg(&args.q_weight_partial).arg(&args.k_weight_partial);
+    } else {
+        builder.arg(&args.q).arg(&args.k).arg(&args.v).arg(&args.rstd);
+    }
+    builder.arg(&args.n).arg(&args.heads).arg(&args.kv_heads);
+    if !backward {
+        builder.arg(&args.eps);
+    }
+    builder.arg(&rope);
+    // SAFETY: csrc/fused_ops.cpp passes live, contiguous bf16/f32 buffers of the sizes documented
+    // on `QkvArgs`, allocated on `device` and kept alive by the autograd function until the
+    // kernel has run (stream order). Each warp writes its own row; partials one row per block.
+    unsafe { builder.launch(cfg) }.map_err(|e| Error::Kernel(format!("{name} launch: {e:?}")))?;
+    Ok(())
+}
+
+fn launch_swiglu(args: &SwiGluArgs, backward: bool) -> Result<()> {
+    if args.intermediate % 8 != 0 {
+        return Err(Error::Kernel(format!(
+            "swiglu kernels: intermediate size {} is not a multiple of 8",
+            args.intermediate
+        )));
+    }
+    let total = args.n * args.intermediate / 8;
+    if total == 0 {
+        return Ok(());
+    }
+    let name = if backward { "swiglu_bwd" } else { "swiglu_fwd" };
+    let (ctx, f) = super::function(args.device as usize, SOURCE_NAME, SOURCE, name)?;
+    let stream = ctx.default_stream();
+    let blocks = ((total + 255) / 256).min(132 * 32) as u32;
+    let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
+    let mut builder = stream.launch_builder(&f);
+    builder.arg(&args.gate_up);
+    if backward {
+        builder.arg(&args.out).arg(&args.grad_gate_up);
+    } else {
+        builder.arg(&args.out);
+    }
+    builder.arg(&args.n).arg(&args.intermediate);
+    // SAFETY: live contiguous bf16 buffers of the sizes on `SwiGluArgs`, on `device`, kept alive
+    // by the autograd function; every element is written by exactly one thread.
+    unsafe { builder.launch(cfg) }.map_err(|e| Error::Kernel(format!("{name} launch: {e:?}")))?;
+    Ok(())
+}
+
+/// Writes `result`'s error (if any) into the caller's buffer, NUL-terminated and cut to fit.
+fn report(result: Result<()>, message: *mut c_char, len: usize) -> i32 {
+    let Err(err) = result else { return 0 };
+    if !message.is_null() && len > 0 {
+        let text = err.to_string();
+        let bytes = &text.as_bytes()[..text.len().min(len - 1)];
+        // SAFETY: the caller's buffer holds `len` bytes; we write at most `len − 1` plus the NUL.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), message.cast::<u8>(), bytes.len());
+            *message.add(bytes.len()) = 0;
+        }
+    }
+    1
+}
+
+unsafe extern "C" fn qkv_forward_c(args: *const QkvArgs, message: *mut c_char, len: usize) -> i32 {
+    // SAFETY: the C++ caller passes a valid pointer to arguments it owns for the call.
+    report(launch_qkv(unsafe { &*args }, false), message, len)
+}
+
+unsafe extern "C" fn qkv_backward_c(args: *const QkvArgs, message: *mut c_char, len: usize) -> i32 {
+    // SAFETY: as above.
+    report(launch_qkv(unsafe { &*args }, true), message, len)
+}
+
+unsafe extern "C" fn swiglu_forward_c(args: *const SwiGluArgs, message: *mut c_char, len: usize) -> i32 {
+    // SAFETY: as above.
+    report(launch_swiglu(unsafe { &*args }, false), message, len)
+}
+
+unsafe extern "C" fn swiglu_backward_c(args: *const SwiGluArgs, message: *mut c_char, len: usize) -> i32 {
+    // SAFETY: as above.
+    report(launch_swiglu(unsafe { &*args }, true), message, len)
+}

@@ -1,0 +1,102 @@
+//! Projections that read the same input, run as one: q/k/v (and gate/up) become one GEMM over
+//! their stacked weights, and their LoRA adapters one low-rank GEMM pair, so the input is read
+//! once and its gradient comes back from one GEMM instead of being summed from six.
+//!
+//! Each member keeps its own HF-named variables. When the base weights are frozen (LoRA) they are
+//! views into one stacked tensor made once at construction, so loading a checkpoint into them
+//! fills the stack; when they train (full fine-tune) the stack is concatenated per forward (a
+//! copy of the weights, small next to the GEMM) and the gradient flows back to each member.
+
+use std::sync::atomic::Ordering;
+
+use tch::Tensor;
+
+use super::layers::{add_low_rank_, linear_rows, output_size, Linear, LoraAdapter, TchResult};
+
+/// Several [`Linear`]s of the same input width, computed as one.
+#[derive(Debug)]
+pub(crate) struct FusedLinear {
+    members: Vec<Linear>,
+    /// (Σ out, in): the members' frozen weights, which are views into it; `None` when they train.
+    stacked_weight: Option<Tensor>,
+    /// (Σ out,): likewise for their biases.
+    stacked_bias: Option<Tensor>,
+}
+
+impl FusedLinear {
+    /// Joins `members` (same input width, all with or all without bias); with `frozen` the
+    /// members' weights and biases are moved into one stacked tensor each.
+    pub(crate) fn new(members: Vec<Linear>, frozen: bool) -> TchResult<Self> {
+        let (stacked_weight, stacked_bias) = if frozen {
+            let weights: Vec<&Tensor> = members.iter().map(|m| &m.weight).collect();
+            let biases: Vec<&Tensor> = members.iter().filter_map(|m| m.bias.as_ref()).collect();
+            let stack = |parts: &[&Tensor], view: &dyn Fn(&Linear) -> Option<Tensor>| -> TchResult<Option<Tensor>> {
+                if parts.len() != members.len() {
+                    return Ok(None);
+                }
+                let stacked = tch::no_grad(|| Tensor::f_cat(parts, 0))?;
+                let mut start = 0;
+                for member in &members {
+                    let Some(mut own) = view(member) else { continue };
+                    let rows = own.size()[0];
+                    own.f_set_data(&stacked.f_narrow(0, start, rows)?)?;
+                    start += rows;
+                }
+                Ok(Some(stacked))
+            };
+            let w = stack(&weights, &|m| Some(m.weight.shallow_clone()))?;
+            let b = stack(&biases, &|m| m.bias.as_ref().map(Tensor::shallow_clone))?;
+            (w, b)
+        } else {
+            (None, None)
+        };
+        Ok(Self { members, stacked_weight, stacked_bias })
+    }
+
+    /// (…, in) -> (…, Σ out), the members' outputs side by side in their order.
+    pub(crate) fn forward(&self, x: &Tensor) -> TchResult<Tensor> {
+        let cat = |parts: Vec<&Tensor>| Tensor::f_cat(&parts, 0);
+        let weight = match &self.stacked_weight {
+            Some(w) => w.shallow_clone(),
+            None => cat(self.members.iter().map(|m| &m.weight).collect())?,
+        };
+        let bias = match &self.stacked_bias {
+            Some(b) => Some(b.shallow_clone()),
+            None if self.members.iter().all(|m| m.bias.is_some()) => {
+                Some(cat(self.members.iter().filter_map(|m| m.bias.as_ref()).collect())?)
+            }
+            None => None,
+        };
+        // (rows, Σ out), then the adapters added in place
+        let mut y = linear_rows(x, &weight, bias.as_ref())?;
+        self.add_lora_(x, &mut y)?;
+        y.f_view(output_size(x, weight.size()[0]).as_slice())
+    }
+
+    /// `y += s · (x Aᵀ) B_blockᵀ` for y (rows, Σ out): the enabled adapters' A stacked (k·r, in),
+    /// one GEMM to the low-rank (rows, k·r), and one GEMM whose epilogue adds it into `y` through
+    /// the block-diagonal (Σ out, k·r) of their B (zero rows for members without an adapter).
+    fn add_lora_(&self, x: &Tensor, y: &mut Tensor) -> TchResult<()> {
+        let adapters: Vec<Option<&LoraAdapter>> =
+            self.members.iter().map(|m| m.lora.as_ref().filter(|l| l.enabled.load(Ordering::Relaxed))).collect();
+        let active: Vec<&LoraAdapter> = adapters.iter().flatten().copied().collect();
+        let Some(first) = active.first() else { return Ok(()) };
+        let rank = first.lora_b.size()[1];
+        let width = rank * active.len() as i64;
+        let a = Tensor::f_cat(&active.iter().map(|l| &l.lora_a).collect::<Vec<_>>(), 0)?;
+        let mut slot = 0;
+        let mut blocks = Vec::with_capacity(self.members.len());
+        for (member, adapter) in self.members.iter().zip(&adapters) {
+            blocks.push(match adapter {
+                // (out, r) -> (out, k·r), its own columns
+                Some(l) => {
+                    let padded = l.lora_b.f_constant_pad_nd([slot * rank, width - (slot + 1) * rank])?;
+                    slot += 1;
+                    padded
+                }
+                None => Tensor::f_zeros([member.weight.size()[0], width], (y.kind(), y.device()))?,
+            });
+        }
+        add_low_rank_(y, x, &a, &Tensor::f_cat(&blocks, 0)?, first.scale)
+    }
+}

@@ -1,0 +1,149 @@
+//! The decoder layer's fused elementwise ops with their own autograd (csrc/fused_ops.cpp, whose
+//! forward and backward launch `kernels::fused`): per-head q/k RMSNorm + RoPE from the fused
+//! q/k/v projection, and SwiGLU from the fused gate/up projection. On CUDA in bf16 when the
+//! shim was built and the kernels compile; [`available`] says when, and the layers fall back to
+//! the tensor-op composites otherwise. One of the few `unsafe` modules (shim calls).
+#![allow(unsafe_code)]
+
+#[cfg(trainq_fused)]
+use std::ffi::{c_char, c_void, CStr};
+#[cfg(trainq_fused)]
+use std::sync::OnceLock;
+
+use tch::{Device, Kind, TchError, Tensor};
+
+use super::layers::TchResult;
+
+#[cfg(trainq_fused)]
+extern "C" {
+    fn trainq_fused_register(table: *const crate::kernels::FusedLaunchers, blocks: i64);
+    #[allow(clippy::too_many_arguments)]
+    fn trainq_qkv_norm_rope(
+        qkv: *const c_void,
+        q_weight: *const c_void,
+        k_weight: *const c_void,
+        cos: *const c_void,
+        sin: *const c_void,
+        heads: i64,
+        kv_heads: i64,
+        eps: f64,
+        q: *mut *mut c_void,
+        k: *mut *mut c_void,
+        v: *mut *mut c_void,
+    ) -> *mut c_char;
+    fn trainq_swiglu(gate_up: *const c_void, out: *mut *mut c_void) -> *mut c_char;
+    fn trainq_free_message(message: *mut c_char);
+}
+
+/// Whether the fused ops can run on `device` in `kind`: CUDA, bf16, the shim built, and the
+/// kernels compiled (once per process; the launchers are registered with the shim then).
+pub(crate) fn available(device: Device, kind: Kind) -> bool {
+    #[cfg(trainq_fused)]
+    {
+        static REGISTERED: OnceLock<bool> = OnceLock::new();
+        if kind != Kind::BFloat16 || !device.is_cuda() {
+            return false;
+        }
+        *REGISTERED.get_or_init(|| {
+            let ok = crate::kernels::unavailable(device).is_none();
+            if ok {
+                // SAFETY: a 'static table of extern "C" functions with the layout the shim declares.
+                unsafe {
+                    trainq_fused_register(&crate::kernels::FUSED_LAUNCHERS, crate::kernels::NORM_GRAD_BLOCKS as i64)
+                };
+            }
+            ok
+        })
+    }
+    #[cfg(not(trainq_fused))]
+    {
+        let _ = (device, kind);
+        false
+    }
+}
+
+/// What [`qkv_norm_rope`] needs besides the projection output.
+#[derive(Debug)]
+pub(crate) struct QkvSpec<'a> {
+    /// (D,) q/k norm weights (Qwen3), or `None`.
+    pub(crate) norms: Option<(&'a Tensor, &'a Tensor)>,
+    /// (N, D) cos and sin in the model dtype.
+    pub(crate) cos_sin: (&'a Tensor, &'a Tensor),
+    pub(crate) heads: i64,
+    pub(crate) kv_heads: i64,
+    pub(crate) eps: f64,
+}
+
+/// qkv (N, (H + 2·KV)·D) -> q (N, H, D), k and v (N, KV, D): q and k normed per head (when
+/// `norms`) and rotated.
+pub(crate) fn qkv_norm_rope(qkv: &Tensor, spec: &QkvSpec<'_>) -> TchResult<(Tensor, Tensor, Tensor)> {
+    #[cfg(trainq_fused)]
+    {
+        let qkv = qkv.f_contiguous()?;
+        let (cos, sin) = (spec.cos_sin.0.f_contiguous()?, spec.cos_sin.1.f_contiguous()?);
+        let norms = match spec.norms {
+            Some((q, k)) => Some((q.f_contiguous()?, k.f_contiguous()?)),
+            None => None,
+        };
+        let ptr = |t: Option<&Tensor>| t.map_or(std::ptr::null(), |t| t.as_ptr().cast::<c_void>());
+        let (mut q, mut k, mut v) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: every pointer is a live tch tensor (at::Tensor*) or null for the call; the shim
+        // catches every C++ exception and returns an error string or three new tensors.
+        check(unsafe {
+            trainq_qkv_norm_rope(
+                qkv.as_ptr().cast(),
+                ptr(norms.as_ref().map(|n| &n.0)),
+                ptr(norms.as_ref().map(|n| &n.1)),
+                cos.as_ptr().cast(),
+                sin.as_ptr().cast(),
+                spec.heads,
+                spec.kv_heads,
+                spec.eps,
+                &mut q,
+                &mut k,
+                &mut v,
+            )
+        })?;
+        // SAFETY: three `new at::Tensor`s handed over to us; tch frees them on drop.
+        Ok(unsafe { (Tensor::from_ptr(q.cast()), Tensor::from_ptr(k.cast()), Tensor::from_ptr(v.cast())) })
+    }
+    #[cfg(not(trainq_fused))]
+    {
+        let _ = (qkv, spec);
+        Err(not_built())
+    }
+}
+
+/// gate_up (N, 2I) -> silu(gate) · up (N, I).
+pub(crate) fn swiglu(gate_up: &Tensor) -> TchResult<Tensor> {
+    #[cfg(trainq_fused)]
+    {
+        let gate_up = gate_up.f_contiguous()?;
+        let mut out = std::ptr::null_mut();
+        // SAFETY: as in `qkv_norm_rope`.
+        check(unsafe { trainq_swiglu(gate_up.as_ptr().cast(), &mut out) })?;
+        // SAFETY: a `new at::Tensor` handed over to us.
+        Ok(unsafe { Tensor::from_ptr(out.cast()) })
+    }
+    #[cfg(not(trainq_fused))]
+    {
+        let _ = gate_up;
+        Err(not_built())
+    }
+}
+
+#[cfg(trainq_fused)]
+fn check(error: *mut c_char) -> TchResult<()> {
+    if error.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a NUL-terminated string from strdup, released once with the shim's free.
+    let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
+    unsafe { trainq_free_message(error) };
+    Err(TchError::Torch(format!("fused op: {message}")))
+}
+
+#[cfg(not(trainq_fused))]
+fn not_built() -> TchError {
+    TchError::Torch("the fused ops were not built (no LIBTORCH at build time)".into())
+}

@@ -1,0 +1,63 @@
+//! Kineto traces of training steps (csrc/trace.cpp, libtorch's own profiler): every CUDA kernel
+//! (on a CPU run, every operator) between [`start`] and [`stop`], saved as a Chrome trace for
+//! `ops/bench/trace_summary.py`. For the benchmarks; without the shim (no `LIBTORCH` at build
+//! time) both return an error. One of the few `unsafe` modules (with kernels/,
+//! collective/nccl and the model's shim calls).
+#![allow(unsafe_code)]
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+#[cfg(trainq_trace)]
+extern "C" {
+    fn trainq_trace_start(cuda: i32) -> *mut std::ffi::c_char;
+    fn trainq_trace_stop(path: *const std::ffi::c_char) -> *mut std::ffi::c_char;
+    fn trainq_free_message(message: *mut std::ffi::c_char);
+}
+
+/// Starts recording CUDA kernels when `cuda`, else CPU operators.
+pub fn start(cuda: bool) -> Result<()> {
+    #[cfg(trainq_trace)]
+    {
+        // SAFETY: no arguments to keep alive; the shim catches every C++ exception.
+        check(unsafe { trainq_trace_start(i32::from(cuda)) })
+    }
+    #[cfg(not(trainq_trace))]
+    {
+        let _ = cuda;
+        Err(not_built())
+    }
+}
+
+/// Stops recording and writes the trace (Chrome JSON) to `path`.
+pub fn stop(path: &Path) -> Result<()> {
+    #[cfg(trainq_trace)]
+    {
+        let c_path = std::ffi::CString::new(path.to_string_lossy().into_owned())
+            .map_err(|_| Error::config("trace", format!("path {} holds a NUL byte", path.display())))?;
+        // SAFETY: `c_path` outlives the call; the shim catches every C++ exception.
+        check(unsafe { trainq_trace_stop(c_path.as_ptr()) })
+    }
+    #[cfg(not(trainq_trace))]
+    {
+        let _ = path;
+        Err(not_built())
+    }
+}
+
+#[cfg(trainq_trace)]
+fn check(error: *mut std::ffi::c_char) -> Result<()> {
+    if error.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a NUL-terminated string from strdup, released once with the shim's free.
+    let message = unsafe { std::ffi::CStr::from_ptr(error) }.to_string_lossy().into_owned();
+    unsafe { trainq_free_message(error) };
+    Err(Error::config("trace", message))
+}
+
+#[cfg(not(trainq_trace))]
+fn not_built() -> Error {
+    Error::config("trace", "the profiler shim was not built (no LIBTORCH at build time)")
+}
