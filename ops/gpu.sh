@@ -13,6 +13,9 @@
 #                             # libtorch's profiler; appends the row to trainq.jsonl and the
 #                             # trace's summary (ops/bench/trace_summary.py) to profile.md; the
 #                             # traces go to $OUT/traces.tar.xz at the end of each call of the verb
+#   bash ops/gpu.sh wide      # there: shapes beyond the standard table (4B, 1.7B full, 8B without
+#                             # checkpointing, other batch shapes), each trainq then the peer, and
+#                             # the ratio table; ROWS="shape mode seq micro ckpt(0|1)" lines override
 #   bash ops/gpu.sh packed [ARGS]   # there: packed agent-like documents vs unpacked rows of the same
 #                             # token count (trainq), and the peer padded per trajectory, at
 #                             # 1×16384 and 4×4096 (ARGS go to both, e.g. --shape/--mode)
@@ -83,6 +86,26 @@ case "${1:-}" in
       { echo "args: $*"; "$gpu_python" ops/bench/trace_summary.py "$t" 20; echo; } | tee -a "$OUT/profile.md"
     done
     tar cf - -C /tmp trainq-traces | xz -T0 -6 > "$OUT/traces.tar.xz"
+    ;;
+  wide)
+    device_env
+    shift
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    default_rows="qwen3-4b lora 4096 4 0
+qwen3-1.7b full 4096 4 0
+qwen3-8b lora 4096 2 0
+qwen3-0.6b lora 16384 1 0
+qwen3-0.6b lora 2048 8 0
+qwen3-1.7b lora 8192 2 0
+qwen3-4b full 4096 2 1"
+    while read -r shape mode seq micro ckpt; do
+      [ -n "$shape" ] || continue
+      flags=(--shape "$shape" --mode "$mode" --seq "$seq" --micro "$micro")
+      [ "$ckpt" = 1 ] && flags+=(--ckpt)
+      ./.carry/trainq bench train "${flags[@]}" "$@" | tee -a "$OUT/trainq.jsonl" || true
+      "$gpu_python" .carry/hf_peft_train.py "${flags[@]}" | tee -a "$OUT/peer.jsonl" || true
+    done <<<"${ROWS:-$default_rows}"
+    "$gpu_python" ops/bench/compare.py "$OUT/trainq.jsonl" "$OUT/peer.jsonl" | tee "$OUT/table.md"
     ;;
   peer)
     # One peer row: ops/bench/hf_peft_train.py ARGS (same flags as the shared script, plus --docs).
@@ -158,7 +181,7 @@ case "${1:-}" in
     "$gpu_python" ops/bench/ncu_summary.py "$OUT/ncu.csv" 30 | tee "$OUT/profile.md"
     ;;
   *)
-    echo "usage: ops/gpu.sh build | bench [ARGS] | train ARGS | trace ARGS | peer ARGS | check [ARGS] | profile [ARGS] | packed [ARGS] | big [ARGS] | e2e" >&2
+    echo "usage: ops/gpu.sh build | bench [ARGS] | train ARGS | trace ARGS | wide | peer ARGS | check [ARGS] | profile [ARGS] | packed [ARGS] | big [ARGS] | e2e" >&2
     exit 2
     ;;
 esac

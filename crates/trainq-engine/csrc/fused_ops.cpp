@@ -6,12 +6,15 @@
 // errors come back as a malloc'd string (trainq_free_message, in offload.cpp).
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -50,14 +53,17 @@ void run(int (*launch)(const Args*, char*, size_t), const Args& args) {
   if (launch(&args, message, sizeof(message)) != 0) throw std::runtime_error(message);
 }
 
-uint64_t address(const at::Tensor& t) {
-  return t.defined() ? reinterpret_cast<uint64_t>(t.data_ptr()) : 0;
-}
+// Optional inputs of the autograd functions are passed as empty placeholder tensors (libtorch's
+// C++ Function::apply cannot take undefined ones, and std::optional inputs would shift the
+// indices of needs_input_grad); `present` tells them apart.
+bool present(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
+
+uint64_t address(const at::Tensor& t) { return present(t) ? reinterpret_cast<uint64_t>(t.data_ptr()) : 0; }
 
 // q/k RMSNorm per head and RoPE, from the fused projection's output.
 class QkvNormRope : public torch::autograd::Function<QkvNormRope> {
  public:
-  // qkv (N, (H + 2·KV)·D); q_weight, k_weight (D) or undefined; cos, sin (N, D) or undefined.
+  // qkv (N, (H + 2·KV)·D); q_weight, k_weight (D) or empty; cos, sin (N, D) or empty.
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qkv,
                                                 const at::Tensor& q_weight, const at::Tensor& k_weight,
                                                 const at::Tensor& cos, const at::Tensor& sin, int64_t heads,
@@ -94,8 +100,8 @@ class QkvNormRope : public torch::autograd::Function<QkvNormRope> {
     };
     auto dq = grad(0, heads), dk = grad(1, kv_heads), dv = grad(2, kv_heads);
     auto dqkv = at::empty_like(qkv);
-    bool q_trains = q_weight.defined() && ctx->needs_input_grad(1);
-    bool k_trains = k_weight.defined() && ctx->needs_input_grad(2);
+    bool q_trains = present(q_weight) && ctx->needs_input_grad(1);
+    bool k_trains = present(k_weight) && ctx->needs_input_grad(2);
     auto partial_options = qkv.options().dtype(at::kFloat);
     auto q_part = q_trains ? at::empty({norm_grad_blocks, d}, partial_options) : at::Tensor();
     auto k_part = k_trains ? at::empty({norm_grad_blocks, d}, partial_options) : at::Tensor();
@@ -110,28 +116,124 @@ class QkvNormRope : public torch::autograd::Function<QkvNormRope> {
   }
 };
 
+at::Tensor swiglu_forward(const at::Tensor& gate_up) {
+  auto n = gate_up.size(0), inter = gate_up.size(1) / 2;
+  auto out = at::empty({n, inter}, gate_up.options());
+  SwiGluArgs args{gate_up.device().index(), address(gate_up), address(out), 0, n, inter};
+  run(launchers.swiglu_forward, args);
+  return out;
+}
+
+at::Tensor swiglu_backward(const at::Tensor& gate_up, const at::Tensor& dout) {
+  auto dgu = at::empty_like(gate_up);
+  SwiGluArgs args{gate_up.device().index(), address(gate_up), address(dout), address(dgu), gate_up.size(0),
+                  gate_up.size(1) / 2};
+  run(launchers.swiglu_backward, args);
+  return dgu;
+}
+
+// y = x Wᵀ + b + s · (x Aᵀ) Bᵀ for x (rows, in), with A (k, in) and B (out, k) empty when there
+// is no adapter. Returns y and the scaled low-rank s · x Aᵀ (undefined without adapter). The
+// adapter's term rides in the base GEMM, [x, s·x Aᵀ] [W, B]ᵀ, when the output is wider than the
+// input (q/k/v, gate/up), else it is added by a second GEMM's epilogue.
+std::pair<at::Tensor, at::Tensor> project_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                                  const at::Tensor& a, const at::Tensor& b, double scale) {
+  if (!present(a)) return {present(bias) ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t()), at::Tensor()};
+  auto low = at::mm(x, a.t()).mul_(scale);
+  // Wider than deep: append the low-rank columns to the input and B to the weight, one GEMM
+  // (K grows by k) instead of a second pass over the wide output.
+  bool fold = weight.size(0) > weight.size(1);
+  auto input = fold ? at::cat({x, low}, 1) : x;
+  auto w = fold ? at::cat({weight, b}, 1) : weight;
+  auto y = present(bias) ? at::addmm(bias, input, w.t()) : at::mm(input, w.t());
+  if (!fold) y.addmm_(low, b.t());
+  return {y, low};
+}
+
+// Gradients of project_forward for upstream dy (rows, out): {dx, dW, db, dA, dB}, each computed
+// only when `needed` says so. dx = dy W + s · (dy B) A, the adapter's part added by the epilogue
+// of its GEMM into the base part.
+std::vector<at::Tensor> project_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
+                                         const at::Tensor& a, const at::Tensor& b, const at::Tensor& low,
+                                         double scale, const std::array<bool, 5>& needed) {
+  at::Tensor dx, dw, db, da, dbb, dlow;
+  bool adapter = present(a);
+  if (adapter && (needed[0] || needed[3])) dlow = at::mm(dy, b).mul_(scale);
+  if (needed[0]) {
+    dx = at::mm(dy, weight);
+    if (adapter) dx.addmm_(dlow, a);
+  }
+  if (needed[1]) dw = at::mm(dy.t(), x);
+  if (needed[2]) db = dy.sum(0);
+  if (adapter && needed[3]) da = at::mm(dlow.t(), x);
+  if (adapter && needed[4]) dbb = at::mm(dy.t(), low);
+  return {dx, dw, db, da, dbb};
+}
+
+std::array<bool, 5> needed_grads(torch::autograd::AutogradContext* ctx) {
+  return {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2), ctx->needs_input_grad(3),
+          ctx->needs_input_grad(4)};
+}
+
+// A linear projection with an optional LoRA adapter (A, B already stacked by the caller).
+class Projection : public torch::autograd::Function<Projection> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, double scale) {
+    auto [y, low] = project_forward(x, weight, bias, a, b, scale);
+    ctx->save_for_backward({x, weight, a, b, low});
+    ctx->saved_data["scale"] = scale;
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto g = project_backward(grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4],
+                              ctx->saved_data["scale"].toDouble(), needed_grads(ctx));
+    return {g[0], g[1], g[2], g[3], g[4], at::Tensor()};
+  }
+};
+
+// down(silu(gate) · up) with down's optional adapter, from the fused gate/up output. Keeps only
+// gate/up for the backward, which recomputes silu(gate) · up (one elementwise pass) instead of
+// holding it: (rows, I) less activation memory per layer.
+class SwiGluProjection : public torch::autograd::Function<SwiGluProjection> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate_up,
+                            const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& a,
+                            const at::Tensor& b, double scale) {
+    auto [y, low] = project_forward(swiglu_forward(gate_up), weight, bias, a, b, scale);
+    ctx->save_for_backward({gate_up, weight, a, b, low});
+    ctx->saved_data["scale"] = scale;
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto& gate_up = saved[0];
+    auto needed = needed_grads(ctx);
+    auto h = (needed[1] || needed[3]) ? swiglu_forward(gate_up) : at::Tensor();
+    auto g = project_backward(grads[0].contiguous(), h, saved[1], saved[2], saved[3], saved[4],
+                              ctx->saved_data["scale"].toDouble(), needed);
+    auto dgu = needed[0] ? swiglu_backward(gate_up, g[0]) : at::Tensor();
+    return {dgu, g[1], g[2], g[3], g[4], at::Tensor()};
+  }
+};
+
 // silu(gate) · up from the fused gate/up projection's output.
 class SwiGlu : public torch::autograd::Function<SwiGlu> {
  public:
   // gate_up (N, 2I) -> (N, I)
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate_up) {
-    auto n = gate_up.size(0), inter = gate_up.size(1) / 2;
-    auto out = at::empty({n, inter}, gate_up.options());
-    SwiGluArgs args{gate_up.device().index(), address(gate_up), address(out), 0, n, inter};
-    run(launchers.swiglu_forward, args);
     ctx->save_for_backward({gate_up});
-    return out;
+    return swiglu_forward(gate_up);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    auto gate_up = ctx->get_saved_variables()[0];
-    auto dout = grads[0].contiguous();
-    auto dgu = at::empty_like(gate_up);
-    SwiGluArgs args{gate_up.device().index(), address(gate_up), address(dout), address(dgu), gate_up.size(0),
-                    gate_up.size(1) / 2};
-    run(launchers.swiglu_backward, args);
-    return {dgu};
+    return {swiglu_backward(ctx->get_saved_variables()[0], grads[0].contiguous())};
   }
 };
 
@@ -139,7 +241,10 @@ bool usable(const at::Tensor& t) {
   return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.dim() == 2;
 }
 
-at::Tensor optional(const at::Tensor* t) { return t == nullptr ? at::Tensor() : *t; }
+// `*t`, or an empty placeholder on `like`'s device for an absent input.
+at::Tensor optional(const at::Tensor* t, const at::Tensor& like) {
+  return t == nullptr ? at::empty({0}, like.options()) : *t;
+}
 
 }  // namespace
 
@@ -158,8 +263,8 @@ char* trainq_qkv_norm_rope(const at::Tensor* qkv, const at::Tensor* q_weight, co
                            double eps, at::Tensor** q, at::Tensor** k, at::Tensor** v) {
   try {
     if (!usable(*qkv)) throw std::runtime_error("qkv must be a contiguous 2-d bf16 CUDA tensor");
-    auto out = QkvNormRope::apply(*qkv, optional(q_weight), optional(k_weight), optional(cos), optional(sin), heads,
-                                  kv_heads, eps);
+    auto out = QkvNormRope::apply(*qkv, optional(q_weight, *qkv), optional(k_weight, *qkv), optional(cos, *qkv),
+                                  optional(sin, *qkv), heads, kv_heads, eps);
     *q = new at::Tensor(std::move(out[0]));
     *k = new at::Tensor(std::move(out[1]));
     *v = new at::Tensor(std::move(out[2]));
@@ -174,6 +279,24 @@ char* trainq_swiglu(const at::Tensor* gate_up, at::Tensor** out) {
   try {
     if (!usable(*gate_up)) throw std::runtime_error("gate_up must be a contiguous 2-d bf16 CUDA tensor");
     *out = new at::Tensor(SwiGlu::apply(*gate_up));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return strdup(e.what());
+  }
+}
+
+// x (rows, in) -> x Wᵀ + b + s · (x Aᵀ) Bᵀ (rows, out); bias, a and b may be null (a and b
+// together). With `swiglu`, x is the fused gate/up output (rows, 2·in) and the projection reads
+// silu(gate) · up, recomputed in the backward instead of kept.
+char* trainq_projection(const at::Tensor* x, const at::Tensor* weight, const at::Tensor* bias, const at::Tensor* a,
+                        const at::Tensor* b, double scale, int swiglu, at::Tensor** out) {
+  try {
+    if (!usable(*x)) throw std::runtime_error("the projection's input must be a contiguous 2-d bf16 CUDA tensor");
+    if ((a == nullptr) != (b == nullptr)) throw std::runtime_error("an adapter needs both A and B");
+    auto y = swiglu != 0 ? SwiGluProjection::apply(*x, *weight, optional(bias, *x), optional(a, *x),
+                                                   optional(b, *x), scale)
+                         : Projection::apply(*x, *weight, optional(bias, *x), optional(a, *x), optional(b, *x), scale);
+    *out = new at::Tensor(std::move(y));
     return nullptr;
   } catch (const std::exception& e) {
     return strdup(e.what());

@@ -11,7 +11,8 @@ use std::sync::atomic::Ordering;
 
 use tch::Tensor;
 
-use super::layers::{add_low_rank_, linear_rows, output_size, Linear, LoraAdapter, TchResult};
+use super::fused_ops::projection;
+use super::layers::{add_low_rank_, linear_rows, output_size, Linear, LoraAdapter, LowRank, TchResult};
 
 /// Several [`Linear`]s of the same input width, computed as one.
 #[derive(Debug)]
@@ -53,8 +54,9 @@ impl FusedLinear {
         Ok(Self { members, stacked_weight, stacked_bias })
     }
 
-    /// (…, in) -> (…, Σ out), the members' outputs side by side in their order.
-    pub(crate) fn forward(&self, x: &Tensor) -> TchResult<Tensor> {
+    /// (…, in) -> (…, Σ out), the members' outputs side by side in their order; with `fused`
+    /// through the projection op of `model::fused_ops` (CUDA, bf16).
+    pub(crate) fn forward(&self, x: &Tensor, fused: bool) -> TchResult<Tensor> {
         let cat = |parts: Vec<&Tensor>| Tensor::f_cat(&parts, 0);
         let weight = match &self.stacked_weight {
             Some(w) => w.shallow_clone(),
@@ -67,20 +69,28 @@ impl FusedLinear {
             }
             None => None,
         };
+        let adapter = self.stacked_adapter()?;
+        let size = output_size(x, weight.size()[0]);
+        if fused {
+            let rows = x.f_reshape([-1, weight.size()[1]])?;
+            return projection(&rows, &weight, bias.as_ref(), adapter.as_ref(), false)?.f_view(size.as_slice());
+        }
         // (rows, Σ out), then the adapters added in place
         let mut y = linear_rows(x, &weight, bias.as_ref())?;
-        self.add_lora_(x, &mut y)?;
-        y.f_view(output_size(x, weight.size()[0]).as_slice())
+        if let Some(adapter) = &adapter {
+            add_low_rank_(&mut y, x, adapter)?;
+        }
+        y.f_view(size.as_slice())
     }
 
-    /// `y += s · (x Aᵀ) B_blockᵀ` for y (rows, Σ out): the enabled adapters' A stacked (k·r, in),
-    /// one GEMM to the low-rank (rows, k·r), and one GEMM whose epilogue adds it into `y` through
-    /// the block-diagonal (Σ out, k·r) of their B (zero rows for members without an adapter).
-    fn add_lora_(&self, x: &Tensor, y: &mut Tensor) -> TchResult<()> {
+    /// The enabled adapters as one: their A stacked (k·r, in) and the block-diagonal (Σ out, k·r)
+    /// of their B (zero rows for members without an adapter), so that `s · (x Aᵀ) Bᵀ` is every
+    /// member's LoRA term side by side. `None` when no adapter is enabled.
+    fn stacked_adapter(&self) -> TchResult<Option<LowRank>> {
         let adapters: Vec<Option<&LoraAdapter>> =
             self.members.iter().map(|m| m.lora.as_ref().filter(|l| l.enabled.load(Ordering::Relaxed))).collect();
         let active: Vec<&LoraAdapter> = adapters.iter().flatten().copied().collect();
-        let Some(first) = active.first() else { return Ok(()) };
+        let Some(first) = active.first() else { return Ok(None) };
         let rank = first.lora_b.size()[1];
         let width = rank * active.len() as i64;
         let a = Tensor::f_cat(&active.iter().map(|l| &l.lora_a).collect::<Vec<_>>(), 0)?;
@@ -94,9 +104,9 @@ impl FusedLinear {
                     slot += 1;
                     padded
                 }
-                None => Tensor::f_zeros([member.weight.size()[0], width], (y.kind(), y.device()))?,
+                None => Tensor::f_zeros([member.weight.size()[0], width], (a.kind(), a.device()))?,
             });
         }
-        add_low_rank_(y, x, &a, &Tensor::f_cat(&blocks, 0)?, first.scale)
+        Ok(Some(LowRank { a, b: Tensor::f_cat(&blocks, 0)?, scale: first.scale }))
     }
 }

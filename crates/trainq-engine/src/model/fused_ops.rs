@@ -1,6 +1,7 @@
-//! The decoder layer's fused elementwise ops with their own autograd (csrc/fused_ops.cpp, whose
-//! forward and backward launch `kernels::fused`): per-head q/k RMSNorm + RoPE from the fused
-//! q/k/v projection, and SwiGLU from the fused gate/up projection. On CUDA in bf16 when the
+//! The decoder layer's fused ops with their own autograd (csrc/fused_ops.cpp, whose forward and
+//! backward launch `kernels::fused` or libtorch GEMMs): per-head q/k RMSNorm + RoPE from the fused
+//! q/k/v projection, SwiGLU from the fused gate/up projection, and projections with their LoRA
+//! adapter whose input gradient is one GEMM plus an epilogue. On CUDA in bf16 when the
 //! shim was built and the kernels compile; [`available`] says when, and the layers fall back to
 //! the tensor-op composites otherwise. One of the few `unsafe` modules (shim calls).
 #![allow(unsafe_code)]
@@ -12,7 +13,7 @@ use std::sync::OnceLock;
 
 use tch::{Device, Kind, TchError, Tensor};
 
-use super::layers::TchResult;
+use super::layers::{LowRank, TchResult};
 
 #[cfg(trainq_fused)]
 extern "C" {
@@ -32,6 +33,17 @@ extern "C" {
         v: *mut *mut c_void,
     ) -> *mut c_char;
     fn trainq_swiglu(gate_up: *const c_void, out: *mut *mut c_void) -> *mut c_char;
+    #[allow(clippy::too_many_arguments)]
+    fn trainq_projection(
+        x: *const c_void,
+        weight: *const c_void,
+        bias: *const c_void,
+        a: *const c_void,
+        b: *const c_void,
+        scale: f64,
+        swiglu: i32,
+        out: *mut *mut c_void,
+    ) -> *mut c_char;
     fn trainq_free_message(message: *mut c_char);
 }
 
@@ -128,6 +140,45 @@ pub(crate) fn swiglu(gate_up: &Tensor) -> TchResult<Tensor> {
     #[cfg(not(trainq_fused))]
     {
         let _ = gate_up;
+        Err(not_built())
+    }
+}
+
+/// `x Wᵀ + b + s · (x Aᵀ) Bᵀ` for x (rows, in) with an optional adapter, as one autograd node
+/// whose backward adds the adapter's input gradient into the base one in its GEMM's epilogue.
+/// With `swiglu`, x is the fused gate/up output (rows, 2·in) and the projection reads
+/// `silu(gate) · up`, computed again in the backward rather than kept (less activation memory).
+pub(crate) fn projection(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    lora: Option<&LowRank>,
+    swiglu: bool,
+) -> TchResult<Tensor> {
+    #[cfg(trainq_fused)]
+    {
+        let x = x.f_contiguous()?;
+        let ptr = |t: Option<&Tensor>| t.map_or(std::ptr::null(), |t| t.as_ptr().cast::<c_void>());
+        let mut out = std::ptr::null_mut();
+        // SAFETY: as in `qkv_norm_rope`.
+        check(unsafe {
+            trainq_projection(
+                x.as_ptr().cast(),
+                weight.as_ptr().cast(),
+                ptr(bias),
+                ptr(lora.map(|l| &l.a)),
+                ptr(lora.map(|l| &l.b)),
+                lora.map_or(1.0, |l| l.scale),
+                i32::from(swiglu),
+                &mut out,
+            )
+        })?;
+        // SAFETY: a `new at::Tensor` handed over to us.
+        Ok(unsafe { Tensor::from_ptr(out.cast()) })
+    }
+    #[cfg(not(trainq_fused))]
+    {
+        let _ = (x, weight, bias, lora, swiglu);
         Err(not_built())
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use tch::{nn, Device, Kind, TchError, Tensor};
 
+use super::fused_ops::projection;
 use super::hf_config::{HfConfig, RopeKind};
 
 /// Results of libtorch calls inside the model; mapped to the crate error at the public API.
@@ -102,14 +103,35 @@ impl Linear {
         Ok(Self { weight, bias, lora })
     }
 
-    /// (…, in) -> (…, out)
-    pub(crate) fn forward(&self, x: &Tensor) -> TchResult<Tensor> {
-        let mut y = linear_rows(x, &self.weight, self.bias.as_ref())?;
-        if let Some(l) = self.lora.as_ref().filter(|l| l.enabled.load(Ordering::Relaxed)) {
-            add_low_rank_(&mut y, x, &l.lora_a, &l.lora_b, l.scale)?;
+    /// (…, in) -> (…, out); with `fused` through the projection op of `model::fused_ops`.
+    pub(crate) fn forward(&self, x: &Tensor, fused: bool) -> TchResult<Tensor> {
+        let adapter = self.adapter();
+        let size = output_size(x, self.weight.size()[0]);
+        if fused {
+            let rows = x.f_reshape([-1, self.weight.size()[1]])?;
+            let y = projection(&rows, &self.weight, self.bias.as_ref(), adapter.as_ref(), false)?;
+            return y.f_view(size.as_slice());
         }
-        y.f_view(output_size(x, self.weight.size()[0]).as_slice())
+        let mut y = linear_rows(x, &self.weight, self.bias.as_ref())?;
+        if let Some(adapter) = &adapter {
+            add_low_rank_(&mut y, x, adapter)?;
+        }
+        y.f_view(size.as_slice())
     }
+
+    /// The adapter when there is one and it is enabled.
+    pub(crate) fn adapter(&self) -> Option<LowRank> {
+        let l = self.lora.as_ref().filter(|l| l.enabled.load(Ordering::Relaxed))?;
+        Some(LowRank { a: l.lora_a.shallow_clone(), b: l.lora_b.shallow_clone(), scale: l.scale })
+    }
+}
+
+/// A LoRA term `s · (x Aᵀ) Bᵀ`: A (k, in), B (out, k), scale s.
+#[derive(Debug)]
+pub(crate) struct LowRank {
+    pub(crate) a: Tensor,
+    pub(crate) b: Tensor,
+    pub(crate) scale: f64,
 }
 
 /// `x Wᵀ + b` for x (…, in) as a fresh (rows, out) matrix that no view shares, so that a LoRA
@@ -123,13 +145,14 @@ pub(crate) fn linear_rows(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) ->
     }
 }
 
-/// `y += s · (x Aᵀ) Bᵀ` in place for y (rows, out) from [`linear_rows`], x (…, in), A (k, in)
-/// and B (out, k): the low-rank product scaled where it is smallest, then one GEMM whose epilogue
-/// adds into `y` (no copy of `y`, no separate sum).
-pub(crate) fn add_low_rank_(y: &mut Tensor, x: &Tensor, a: &Tensor, b: &Tensor, scale: f64) -> TchResult<()> {
+/// `y += s · (x Aᵀ) Bᵀ` in place for y (rows, out) from [`linear_rows`] and x (…, in): the
+/// low-rank product scaled where it is smallest, then one GEMM whose epilogue adds into `y` (no
+/// copy of `y`, no separate sum).
+pub(crate) fn add_low_rank_(y: &mut Tensor, x: &Tensor, lora: &LowRank) -> TchResult<()> {
     // (rows, in) -> (rows, k)
-    let low_rank = x.f_reshape([-1, a.size()[1]])?.f_mm(&a.f_transpose(0, 1)?)?.f_mul_scalar(scale)?;
-    let _ = y.f_addmm_(&low_rank, &b.f_transpose(0, 1)?)?;
+    let low_rank =
+        x.f_reshape([-1, lora.a.size()[1]])?.f_mm(&lora.a.f_transpose(0, 1)?)?.f_mul_scalar(lora.scale)?;
+    let _ = y.f_addmm_(&low_rank, &lora.b.f_transpose(0, 1)?)?;
     Ok(())
 }
 

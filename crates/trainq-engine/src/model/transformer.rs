@@ -5,9 +5,9 @@ use tch::{nn, Kind, Tensor};
 
 use super::flash_varlen::{flash_varlen, CuSeqlens};
 use super::fused_linear::FusedLinear;
-use super::fused_ops::{qkv_norm_rope, swiglu, QkvSpec};
+use super::fused_ops::{projection, qkv_norm_rope, swiglu, QkvSpec};
 use super::hf_config::{Architecture, HfConfig};
-use super::layers::{Init, Linear, LoraSpec, RmsNorm, RopeTables, RotaryEmbedding, TchResult};
+use super::layers::{output_size, Init, Linear, LoraSpec, RmsNorm, RopeTables, RotaryEmbedding, TchResult};
 
 /// `self_attn`: GQA with RoPE, per-head q/k RMSNorm on Qwen3. `q_proj`, `k_proj` and `v_proj`
 /// run as one projection (`qkv`).
@@ -51,7 +51,7 @@ impl Attention {
         let (b, l) = (x.size()[0], x.size()[1]);
         let (h, kv, d) = (self.num_heads, self.num_kv_heads, self.head_dim);
         // (B, L, hidden) -> (B, L, (H + 2·KV)·D)
-        let qkv = self.qkv.forward(x)?;
+        let qkv = self.qkv.forward(x, rope.fused())?;
         if rope.fused() {
             let norms = match (&self.q_norm, &self.k_norm) {
                 (Some(q), Some(k)) => Some((&q.weight, &k.weight)),
@@ -96,7 +96,7 @@ impl Attention {
                     )?,
                     None => segment_attention(&q, &k, &v, lengths, gqa)?,
                 };
-                return self.o_proj.forward(&y.f_reshape([b, l, self.num_heads * self.head_dim])?);
+                return self.o_proj.forward(&y.f_reshape([b, l, self.num_heads * self.head_dim])?, rope.fused());
             }
         };
         // (B, L, n, D) -> (B, n, L, D)
@@ -117,7 +117,7 @@ impl Attention {
         let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, mask, 0.0, mask.is_none(), None, gqa)?;
         // (B, H, L, D) -> (B, L, H*D)
         let y = y.f_transpose(1, 2)?.f_reshape([b, l, self.num_heads * self.head_dim])?;
-        self.o_proj.forward(&y)
+        self.o_proj.forward(&y, rope.fused())
     }
 }
 
@@ -144,19 +144,24 @@ impl Mlp {
         })
     }
 
-    /// (B, L, hidden) -> (B, L, hidden); with `fused`, SwiGLU is one op of ours.
+    /// (B, L, hidden) -> (B, L, hidden); with `fused`, SwiGLU is one op of ours, and with frozen
+    /// weights (LoRA) one op with the down projection that keeps only the gate/up output.
     fn forward(&self, x: &Tensor, fused: bool) -> TchResult<Tensor> {
         // (B, L, hidden) -> (B, L, 2·I): gate, then up
-        let gate_up = self.gate_up.forward(x)?;
+        let gate_up = self.gate_up.forward(x, fused)?;
         let i = self.intermediate;
-        let gated = if fused {
-            let (b, l) = (x.size()[0], x.size()[1]);
-            swiglu(&gate_up.f_reshape([b * l, 2 * i])?)?.f_view([b, l, i])?
-        } else {
+        if !fused {
             let parts = gate_up.f_split(i, -1)?;
-            parts[0].f_silu()?.f_mul(&parts[1])?
-        };
-        self.down_proj.forward(&gated)
+            return self.down_proj.forward(&parts[0].f_silu()?.f_mul(&parts[1])?, false);
+        }
+        let (b, l) = (x.size()[0], x.size()[1]);
+        let rows = gate_up.f_reshape([b * l, 2 * i])?;
+        let down = &self.down_proj;
+        if down.weight.requires_grad() {
+            return down.forward(&swiglu(&rows)?.f_view([b, l, i])?, true);
+        }
+        let y = projection(&rows, &down.weight, down.bias.as_ref(), down.adapter().as_ref(), true)?;
+        y.f_view(output_size(x, down.weight.size()[0]).as_slice())
     }
 }
 
