@@ -60,6 +60,14 @@ bool present(const at::Tensor& t) { return t.defined() && t.numel() > 0; }
 
 uint64_t address(const at::Tensor& t) { return present(t) ? reinterpret_cast<uint64_t>(t.data_ptr()) : 0; }
 
+// The kernels read and write 16 bytes at a time: `t` itself when its data is 16-byte aligned
+// (fresh allocations are), else an aligned copy (a parameter viewed inside a flat buffer can sit
+// at any offset). Only used for tensors the kernels read.
+at::Tensor aligned(const at::Tensor& t) {
+  if (!present(t) || reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0) return t;
+  return t.clone();
+}
+
 // q/k RMSNorm per head and RoPE, from the fused projection's output.
 class QkvNormRope : public torch::autograd::Function<QkvNormRope> {
  public:
@@ -74,8 +82,9 @@ class QkvNormRope : public torch::autograd::Function<QkvNormRope> {
     auto k = at::empty({n, kv_heads, d}, qkv.options());
     auto v = at::empty({n, kv_heads, d}, qkv.options());
     auto rstd = at::empty({n, heads + kv_heads}, qkv.options().dtype(at::kFloat));
-    QkvArgs args{qkv.device().index(), address(qkv), address(q_weight), address(k_weight), address(cos),
-                 address(sin), address(rstd), address(q), address(k), address(v), 0, 0, 0, n,
+    auto qkv_in = aligned(qkv), qw = aligned(q_weight), kw = aligned(k_weight), c = aligned(cos), s = aligned(sin);
+    QkvArgs args{qkv.device().index(), address(qkv_in), address(qw), address(kw), address(c),
+                 address(s), address(rstd), address(q), address(k), address(v), 0, 0, 0, n,
                  static_cast<int32_t>(heads), static_cast<int32_t>(kv_heads), static_cast<int32_t>(d),
                  static_cast<float>(eps)};
     run(launchers.qkv_forward, args);
@@ -98,15 +107,16 @@ class QkvNormRope : public torch::autograd::Function<QkvNormRope> {
     auto grad = [&](size_t i, int64_t h) {
       return grads[i].defined() ? grads[i].contiguous() : at::zeros({n, h, d}, qkv.options());
     };
-    auto dq = grad(0, heads), dk = grad(1, kv_heads), dv = grad(2, kv_heads);
+    auto dq = aligned(grad(0, heads)), dk = aligned(grad(1, kv_heads)), dv = aligned(grad(2, kv_heads));
+    auto qkv_in = aligned(qkv), qw = aligned(q_weight), kw = aligned(k_weight), c = aligned(cos), s = aligned(sin);
     auto dqkv = at::empty_like(qkv);
     bool q_trains = present(q_weight) && ctx->needs_input_grad(1);
     bool k_trains = present(k_weight) && ctx->needs_input_grad(2);
     auto partial_options = qkv.options().dtype(at::kFloat);
     auto q_part = q_trains ? at::empty({norm_grad_blocks, d}, partial_options) : at::Tensor();
     auto k_part = k_trains ? at::empty({norm_grad_blocks, d}, partial_options) : at::Tensor();
-    QkvArgs args{qkv.device().index(), address(qkv), address(q_weight), address(k_weight), address(cos),
-                 address(sin), address(rstd), address(dq), address(dk), address(dv), address(dqkv),
+    QkvArgs args{qkv.device().index(), address(qkv_in), address(qw), address(kw), address(c),
+                 address(s), address(rstd), address(dq), address(dk), address(dv), address(dqkv),
                  address(q_part), address(k_part), n, static_cast<int32_t>(heads),
                  static_cast<int32_t>(kv_heads), static_cast<int32_t>(d), 0.0f};
     run(launchers.qkv_backward, args);
@@ -116,7 +126,8 @@ class QkvNormRope : public torch::autograd::Function<QkvNormRope> {
   }
 };
 
-at::Tensor swiglu_forward(const at::Tensor& gate_up) {
+at::Tensor swiglu_forward(const at::Tensor& gate_up_in) {
+  auto gate_up = aligned(gate_up_in);
   auto n = gate_up.size(0), inter = gate_up.size(1) / 2;
   auto out = at::empty({n, inter}, gate_up.options());
   SwiGluArgs args{gate_up.device().index(), address(gate_up), address(out), 0, n, inter};
@@ -124,7 +135,8 @@ at::Tensor swiglu_forward(const at::Tensor& gate_up) {
   return out;
 }
 
-at::Tensor swiglu_backward(const at::Tensor& gate_up, const at::Tensor& dout) {
+at::Tensor swiglu_backward(const at::Tensor& gate_up_in, const at::Tensor& dout_in) {
+  auto gate_up = aligned(gate_up_in), dout = aligned(dout_in);
   auto dgu = at::empty_like(gate_up);
   SwiGluArgs args{gate_up.device().index(), address(gate_up), address(dout), address(dgu), gate_up.size(0),
                   gate_up.size(1) / 2};

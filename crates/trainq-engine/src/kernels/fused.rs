@@ -24,7 +24,7 @@ const SOURCE_NAME: &str = "trainq_fused.cu";
 /// (source name, source, one of its kernels), for [`super::unavailable`].
 pub(super) const SOURCE_NAME_AND_KERNEL: (&str, &str, &str) = (SOURCE_NAME, SOURCE, "qkv_norm_rope_fwd_128");
 
-/// Threads per block of the row kernels (8 warps, one row of `head_dim` per warp).
+/// Threads per block of the row kernels (8 warps; 16 or 32 lanes per row of `head_dim`).
 const ROW_THREADS: u32 = 256;
 /// Blocks of the backward row kernel (a grid-stride loop; each block writes one partial sum
 /// of the norm weights' gradients).
@@ -76,151 +76,184 @@ template <> __device__ __forceinline__ void store_row<8>(unsigned short* p, cons
     *(uint4*)p = make_uint4(pack(x), pack(x + 2), pack(x + 4), pack(x + 6));
 }
 
-// qkv (N, T·D), T = H + 2·KV heads (q heads, then k, then v). One warp per (token, head); lane l
-// holds elements [l·E, l·E + E), E = D / 32, so rotate_half's partner of each element sits in
-// lane l ^ 16 at the same slot. qw / kw (D) may be null (no q/k norm); rope = 0 skips RoPE.
-template <int E> __device__ void qkv_fwd(const unsigned short* qkv, const unsigned short* qw,
+// Sum over the L lanes of a row group (L a power of two, groups aligned within the warp).
+template <int L> __device__ __forceinline__ float group_sum(float x) {
+    #pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) x += __shfl_xor_sync(FULL, x, o);
+    return x;
+}
+
+// qkv (N, T·D), T = H + 2·KV heads (q heads, then k, then v). A group of L = D / E lanes takes
+// one (token, head) row, 32 / L rows per warp; lane l of a group holds elements [l·E, l·E + E),
+// so rotate_half's partner of each element sits in lane l ^ (L / 2) at the same slot. qw / kw (D)
+// may be null (no q/k norm); rope = 0 skips RoPE. Rows past the end are computed on a clamped
+// row (every lane takes part in the shuffles) and not stored.
+template <int E, int L> __device__ void qkv_fwd(const unsigned short* qkv, const unsigned short* qw,
         const unsigned short* kw, const unsigned short* cosv, const unsigned short* sinv,
         unsigned short* q, unsigned short* k, unsigned short* v, float* rstd,
         long long n, int H, int KV, float eps, int rope) {
-    const int D = 32 * E;
-    int T = H + 2 * KV, lane = threadIdx.x & 31;
-    long long row = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (row >= n * T) return;
+    const int D = E * L;
+    int T = H + 2 * KV, sub = threadIdx.x % L;
+    long long rows = n * T;
+    long long wanted = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / L;
+    bool valid = wanted < rows;
+    long long row = valid ? wanted : rows - 1;
     long long tok = row / T;
     int head = (int)(row - tok * T);
     float x[E];
-    load_row<E>(qkv + row * D + lane * E, x);
-    if (head >= H + KV) {
-        store_row<E>(v + (tok * KV + (head - H - KV)) * D + lane * E, x);
-        return;
+    load_row<E>(qkv + row * D + sub * E, x);
+    if (head >= H + KV) {  // v: uniform over the group, and groups never share a shuffle below
+        if (valid) store_row<E>(v + (tok * KV + (head - H - KV)) * D + sub * E, x);
     }
-    bool is_q = head < H;
+    bool is_q = head < H, is_v = head >= H + KV;
     const unsigned short* w = is_q ? qw : kw;
-    if (w) {
-        float ss = 0.0f, wv[E];
-        #pragma unroll
-        for (int e = 0; e < E; e++) ss += x[e] * x[e];
-        float r = rsqrtf(warp_sum(ss) / D + eps);
-        load_row<E>(w + lane * E, wv);
+    // Shuffles run on every lane (v rows included) so that no lane of the warp sits one out.
+    float ss = 0.0f;
+    #pragma unroll
+    for (int e = 0; e < E; e++) ss += x[e] * x[e];
+    ss = group_sum<L>(ss);
+    if (w && !is_v) {
+        float r = rsqrtf(ss / D + eps), wv[E];
+        load_row<E>(w + sub * E, wv);
         #pragma unroll
         for (int e = 0; e < E; e++) x[e] = x[e] * r * wv[e];
-        if (lane == 0) rstd[tok * (H + KV) + head] = r;
+        if (sub == 0 && valid) rstd[tok * (H + KV) + head] = r;
     }
-    unsigned short* dst = (is_q ? q + (tok * H + head) * D : k + (tok * KV + (head - H)) * D) + lane * E;
+    float y[E];
     if (rope) {
-        float c[E], s[E], y[E];
-        load_row<E>(cosv + tok * D + lane * E, c);
-        load_row<E>(sinv + tok * D + lane * E, s);
-        float sign = lane < 16 ? -1.0f : 1.0f;
+        float c[E], s[E];
+        load_row<E>(cosv + tok * D + sub * E, c);
+        load_row<E>(sinv + tok * D + sub * E, s);
+        float sign = sub < L / 2 ? -1.0f : 1.0f;
         #pragma unroll
         for (int e = 0; e < E; e++) {
-            float partner = __shfl_xor_sync(FULL, x[e], 16);
+            float partner = __shfl_xor_sync(FULL, x[e], L / 2);
             y[e] = x[e] * c[e] + sign * partner * s[e];
         }
-        store_row<E>(dst, y);
     } else {
-        store_row<E>(dst, x);
+        #pragma unroll
+        for (int e = 0; e < E; e++) y[e] = x[e];
     }
+    if (!valid || is_v) return;
+    unsigned short* dst = (is_q ? q + (tok * H + head) * D : k + (tok * KV + (head - H)) * D) + sub * E;
+    store_row<E>(dst, y);
 }
 
 // Backward of qkv_fwd: dq (N, H, D), dk and dv (N, KV, D) -> dqkv (N, T·D). When qw_part /
 // kw_part are not null, each block adds up its rows' contributions to the norm weights'
 // gradients and writes them to row blockIdx.x of (gridDim.x, D) f32 partials.
-template <int E> __device__ void qkv_bwd(const unsigned short* qkv, const unsigned short* qw,
+template <int E, int L> __device__ void qkv_bwd(const unsigned short* qkv, const unsigned short* qw,
         const unsigned short* kw, const unsigned short* cosv, const unsigned short* sinv,
         const float* rstd, const unsigned short* dq, const unsigned short* dk, const unsigned short* dv,
         unsigned short* dqkv, float* qw_part, float* kw_part, long long n, int H, int KV, int rope) {
-    const int D = 32 * E;
-    __shared__ float acc_q[8][D];
-    __shared__ float acc_k[8][D];
-    int T = H + 2 * KV, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int warps = blockDim.x >> 5;
+    const int D = E * L;
+    const int GROUPS = 256 / L;
+    __shared__ float acc_q[GROUPS][D];
+    __shared__ float acc_k[GROUPS][D];
+    int T = H + 2 * KV, sub = threadIdx.x % L, group = threadIdx.x / L;
+    int groups = blockDim.x / L;
     float gq[E], gk[E], wq[E], wk[E];
     #pragma unroll
     for (int e = 0; e < E; e++) { gq[e] = 0.0f; gk[e] = 0.0f; wq[e] = 0.0f; wk[e] = 0.0f; }
-    if (qw) load_row<E>(qw + lane * E, wq);
-    if (kw) load_row<E>(kw + lane * E, wk);
+    if (qw) load_row<E>(qw + sub * E, wq);
+    if (kw) load_row<E>(kw + sub * E, wk);
     long long rows = n * T;
-    for (long long row = (long long)blockIdx.x * warps + warp; row < rows; row += (long long)gridDim.x * warps) {
+    long long stride = (long long)gridDim.x * groups;
+    // Every group of a warp runs the same number of iterations (rows past the end on a clamped
+    // row, not stored), so the shuffles always see the whole warp.
+    long long first = (long long)blockIdx.x * groups + group;
+    long long warp_first = (long long)blockIdx.x * groups + (group / (32 / L)) * (32 / L);
+    for (long long base = warp_first; base < rows; base += stride) {
+        long long wanted = base + (first - warp_first);
+        bool valid = wanted < rows;
+        long long row = valid ? wanted : rows - 1;
         long long tok = row / T;
         int head = (int)(row - tok * T);
-        unsigned short* dst = dqkv + row * D + lane * E;
-        float du[E];
-        if (head >= H + KV) {
-            load_row<E>(dv + (tok * KV + (head - H - KV)) * D + lane * E, du);
-            store_row<E>(dst, du);
-            continue;
-        }
-        bool is_q = head < H;
-        bool norm = is_q ? qw != 0 : kw != 0;
+        bool is_q = head < H, is_v = head >= H + KV;
+        unsigned short* dst = dqkv + row * D + sub * E;
         float dy[E];
-        load_row<E>((is_q ? dq + (tok * H + head) * D : dk + (tok * KV + (head - H)) * D) + lane * E, dy);
+        if (is_v) {
+            load_row<E>(dv + (tok * KV + (head - H - KV)) * D + sub * E, dy);
+        } else {
+            load_row<E>((is_q ? dq + (tok * H + head) * D : dk + (tok * KV + (head - H)) * D) + sub * E, dy);
+        }
+        float du[E];
         if (rope) {
             float c[E], s[E];
-            load_row<E>(cosv + tok * D + lane * E, c);
-            load_row<E>(sinv + tok * D + lane * E, s);
+            load_row<E>(cosv + tok * D + sub * E, c);
+            load_row<E>(sinv + tok * D + sub * E, s);
             // du_j = dy_j cos_j + sign_j · dy_p(j) sin_p(j), sign +1 in the first half, −1 in the second
-            float sign = lane < 16 ? 1.0f : -1.0f;
+            float sign = sub < L / 2 ? 1.0f : -1.0f;
             #pragma unroll
             for (int e = 0; e < E; e++) {
-                float partner = __shfl_xor_sync(FULL, dy[e] * s[e], 16);
+                float partner = __shfl_xor_sync(FULL, dy[e] * s[e], L / 2);
                 du[e] = dy[e] * c[e] + sign * partner;
             }
         } else {
             #pragma unroll
             for (int e = 0; e < E; e++) du[e] = dy[e];
         }
-        if (!norm) {
-            store_row<E>(dst, du);
-            continue;
+        bool norm = !is_v && (is_q ? qw != 0 : kw != 0);
+        float x[E], dx[E], dot = 0.0f, r = 1.0f;
+        if (norm) {
+            load_row<E>(qkv + row * D + sub * E, x);
+            r = rstd[tok * (H + KV) + head];
+        } else {
+            #pragma unroll
+            for (int e = 0; e < E; e++) x[e] = 0.0f;
         }
-        float x[E], dx[E];
-        load_row<E>(qkv + row * D + lane * E, x);
-        float r = rstd[tok * (H + KV) + head];
-        float dot = 0.0f;
         #pragma unroll
         for (int e = 0; e < E; e++) {
             x[e] *= r;                                  // x̂
-            float dxh = du[e] * (is_q ? wq[e] : wk[e]);
-            dx[e] = dxh;
-            dot += dxh * x[e];
-            if (is_q) gq[e] += du[e] * x[e]; else gk[e] += du[e] * x[e];
+            dx[e] = du[e] * (is_q ? wq[e] : wk[e]);     // dx̂
+            dot += dx[e] * x[e];
         }
-        dot = warp_sum(dot) / D;
-        #pragma unroll
-        for (int e = 0; e < E; e++) dx[e] = r * (dx[e] - x[e] * dot);
-        store_row<E>(dst, dx);
+        dot = group_sum<L>(dot) / D;
+        if (!valid) continue;
+        if (is_v) {
+            store_row<E>(dst, dy);
+        } else if (!norm) {
+            store_row<E>(dst, du);
+        } else {
+            #pragma unroll
+            for (int e = 0; e < E; e++) {
+                if (is_q) gq[e] += du[e] * x[e]; else gk[e] += du[e] * x[e];
+                dx[e] = r * (dx[e] - x[e] * dot);
+            }
+            store_row<E>(dst, dx);
+        }
     }
     if (!qw_part && !kw_part) return;
     #pragma unroll
-    for (int e = 0; e < E; e++) { acc_q[warp][lane * E + e] = gq[e]; acc_k[warp][lane * E + e] = gk[e]; }
+    for (int e = 0; e < E; e++) { acc_q[group][sub * E + e] = gq[e]; acc_k[group][sub * E + e] = gk[e]; }
     __syncthreads();
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         float sq = 0.0f, sk = 0.0f;
-        for (int w2 = 0; w2 < warps; w2++) { sq += acc_q[w2][i]; sk += acc_k[w2][i]; }
+        for (int g = 0; g < groups; g++) { sq += acc_q[g][i]; sk += acc_k[g][i]; }
         if (qw_part) qw_part[(long long)blockIdx.x * D + i] = sq;
         if (kw_part) kw_part[(long long)blockIdx.x * D + i] = sk;
     }
 }
 
-#define QKV_KERNELS(E, D)                                                                                    \
+// Forward with (EF, LF) lanes per row, backward with (EB, LB): the backward keeps more arrays
+// live per lane and runs best at one row per warp.
+#define QKV_KERNELS(EF, LF, EB, LB, D)                                                                       \
 extern "C" __global__ void __launch_bounds__(256) qkv_norm_rope_fwd_##D(const unsigned short* qkv,          \
         const unsigned short* qw, const unsigned short* kw, const unsigned short* cosv,                      \
         const unsigned short* sinv, unsigned short* q, unsigned short* k, unsigned short* v, float* rstd,    \
         long long n, int H, int KV, float eps, int rope) {                                                   \
-    qkv_fwd<E>(qkv, qw, kw, cosv, sinv, q, k, v, rstd, n, H, KV, eps, rope);                                 \
+    qkv_fwd<EF, LF>(qkv, qw, kw, cosv, sinv, q, k, v, rstd, n, H, KV, eps, rope);                            \
 }                                                                                                            \
 extern "C" __global__ void __launch_bounds__(256) qkv_norm_rope_bwd_##D(const unsigned short* qkv,          \
         const unsigned short* qw, const unsigned short* kw, const unsigned short* cosv,                      \
         const unsigned short* sinv, const float* rstd, const unsigned short* dq, const unsigned short* dk,   \
         const unsigned short* dv, unsigned short* dqkv, float* qw_part, float* kw_part, long long n, int H,  \
         int KV, int rope) {                                                                                  \
-    qkv_bwd<E>(qkv, qw, kw, cosv, sinv, rstd, dq, dk, dv, dqkv, qw_part, kw_part, n, H, KV, rope);           \
+    qkv_bwd<EB, LB>(qkv, qw, kw, cosv, sinv, rstd, dq, dk, dv, dqkv, qw_part, kw_part, n, H, KV, rope);      \
 }
-QKV_KERNELS(2, 64)
-QKV_KERNELS(4, 128)
-QKV_KERNELS(8, 256)
+QKV_KERNELS(4, 16, 2, 32, 64)
+QKV_KERNELS(8, 16, 4, 32, 128)
+QKV_KERNELS(8, 32, 8, 32, 256)
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
@@ -359,14 +392,17 @@ fn launch_qkv(args: &QkvArgs, backward: bool) -> Result<()> {
     let (ctx, f) = super::function(args.device as usize, SOURCE_NAME, SOURCE, &name)?;
     let stream = ctx.default_stream();
     let rope = i32::from(args.cos != 0);
-    let warps_per_block = i64::from(ROW_THREADS / 32);
+    // Rows a block takes at once: one per group of lanes (forward: 16 lanes for D ≤ 128, 32 for
+    // 256; backward: 32).
+    let lanes_per_row = if backward || args.head_dim == 256 { 32 } else { 16 };
+    let rows_per_block = i64::from(ROW_THREADS / lanes_per_row);
     // One row per warp, except a backward that sums the norm weights' gradients: a fixed grid
     // of NORM_GRAD_BLOCKS blocks, one partial sum each.
     let partials = args.q_weight_partial != 0 || args.k_weight_partial != 0;
     let blocks = if backward && partials {
         NORM_GRAD_BLOCKS
     } else {
-        ((rows + warps_per_block - 1) / warps_per_block) as u32
+        ((rows + rows_per_block - 1) / rows_per_block) as u32
     };
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
     let mut builder = stream.launch_builder(&f);
