@@ -146,15 +146,19 @@ at::Tensor swiglu_backward(const at::Tensor& gate_up_in, const at::Tensor& dout_
 
 // y = x Wᵀ + b + s · (x Aᵀ) Bᵀ for x (rows, in), with A (k, in) and B (out, k) empty when there
 // is no adapter. Returns y and the scaled low-rank s · x Aᵀ (undefined without adapter). The
-// adapter's term rides in the base GEMM, [x, s·x Aᵀ] [W, B]ᵀ, when the output is wider than the
-// input (q/k/v, gate/up), else it is added by a second GEMM's epilogue.
+// adapter's term rides in the base GEMM, [x, s·x Aᵀ] [W, B]ᵀ, when that moves fewer bytes than
+// adding it by a second GEMM's epilogue.
 std::pair<at::Tensor, at::Tensor> project_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                                   const at::Tensor& a, const at::Tensor& b, double scale) {
   if (!present(a)) return {present(bias) ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t()), at::Tensor()};
   auto low = at::mm(x, a.t()).mul_(scale);
-  // Wider than deep: append the low-rank columns to the input and B to the weight, one GEMM
-  // (K grows by k) instead of a second pass over the wide output.
-  bool fold = weight.size(0) > weight.size(1);
+  // Append the low-rank columns to the input and B to the weight, one GEMM (K grows by k),
+  // when the output is wider than the input and the weight smaller than the output (its copy
+  // costs less than a second pass over the output): q/k/v and gate/up at thousands of rows,
+  // not o/down, nor a big model's few rows. (H200: 0.6b LoRA 4×4096 −6.6 ms a step; qwen3-32b
+  // 1×8192 3% faster than folding gate/up alone.)
+  auto rows = x.size(0), in = weight.size(1), out = weight.size(0);
+  bool fold = out > in && in < rows;
   auto input = fold ? at::cat({x, low}, 1) : x;
   auto w = fold ? at::cat({weight, b}, 1) : weight;
   auto y = present(bias) ? at::addmm(bias, input, w.t()) : at::mm(input, w.t());
