@@ -158,6 +158,6 @@ if __name__ == "__main__":
         try:
             r = run(*p, steps=a.steps, peak=peak, docs=docs)
         except torch.OutOfMemoryError:
-            r = dict(shape=p[0], mode=p[1], ckpt=p[4], error="out of memory")
+            r = dict(shape=p[0], mode=p[1], seq=p[2], micro=p[3], ckpt=p[4], error="out of memory")
             gc.collect(); torch.cuda.empty_cache()
         print(json.dumps(r), flush=True)

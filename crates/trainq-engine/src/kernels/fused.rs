@@ -399,11 +399,8 @@ fn launch_qkv(args: &QkvArgs, backward: bool) -> Result<()> {
     // One row per warp, except a backward that sums the norm weights' gradients: a fixed grid
     // of NORM_GRAD_BLOCKS blocks, one partial sum each.
     let partials = args.q_weight_partial != 0 || args.k_weight_partial != 0;
-    let blocks = if backward && partials {
-        NORM_GRAD_BLOCKS
-    } else {
-        ((rows + rows_per_block - 1) / rows_per_block) as u32
-    };
+    let blocks =
+        if backward && partials { NORM_GRAD_BLOCKS } else { ((rows + rows_per_block - 1) / rows_per_block) as u32 };
     let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (ROW_THREADS, 1, 1), shared_mem_bytes: 0 };
     let mut builder = stream.launch_builder(&f);
     builder.arg(&args.qkv).arg(&args.q_weight).arg(&args.k_weight).arg(&args.cos).arg(&args.sin);

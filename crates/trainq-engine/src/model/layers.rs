@@ -150,8 +150,7 @@ pub(crate) fn linear_rows(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) ->
 /// copy of `y`, no separate sum).
 pub(crate) fn add_low_rank_(y: &mut Tensor, x: &Tensor, lora: &LowRank) -> TchResult<()> {
     // (rows, in) -> (rows, k)
-    let low_rank =
-        x.f_reshape([-1, lora.a.size()[1]])?.f_mm(&lora.a.f_transpose(0, 1)?)?.f_mul_scalar(lora.scale)?;
+    let low_rank = x.f_reshape([-1, lora.a.size()[1]])?.f_mm(&lora.a.f_transpose(0, 1)?)?.f_mul_scalar(lora.scale)?;
     let _ = y.f_addmm_(&low_rank, &lora.b.f_transpose(0, 1)?)?;
     Ok(())
 }
