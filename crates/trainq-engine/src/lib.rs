@@ -34,6 +34,7 @@ mod error;
 pub mod kernels;
 #[doc(hidden)]
 pub mod model;
+mod shim_error;
 #[doc(hidden)]
 pub mod tokenize;
 #[doc(hidden)]

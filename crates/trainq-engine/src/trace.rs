@@ -13,7 +13,6 @@ use crate::error::{Error, Result};
 extern "C" {
     fn trainq_trace_start(cuda: i32) -> *mut std::ffi::c_char;
     fn trainq_trace_stop(path: *const std::ffi::c_char) -> *mut std::ffi::c_char;
-    fn trainq_free_message(message: *mut std::ffi::c_char);
 }
 
 /// Starts recording CUDA kernels when `cuda`, else CPU operators.
@@ -48,13 +47,10 @@ pub fn stop(path: &Path) -> Result<()> {
 
 #[cfg(trainq_trace)]
 fn check(error: *mut std::ffi::c_char) -> Result<()> {
-    if error.is_null() {
-        return Ok(());
+    match crate::shim_error::shim_error(error) {
+        None => Ok(()),
+        Some(message) => Err(Error::config("trace", message)),
     }
-    // SAFETY: a NUL-terminated string from strdup, released once with the shim's free.
-    let message = unsafe { std::ffi::CStr::from_ptr(error) }.to_string_lossy().into_owned();
-    unsafe { trainq_free_message(error) };
-    Err(Error::config("trace", message))
 }
 
 #[cfg(not(trainq_trace))]

@@ -6,7 +6,7 @@
 #![allow(unsafe_code)]
 
 #[cfg(trainq_flash_varlen)]
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 
 use tch::{Device, Kind, TchError, Tensor};
 
@@ -22,7 +22,6 @@ extern "C" {
         max_len: i64,
         out: *mut *mut c_void,
     ) -> *mut c_char;
-    fn trainq_free_message(message: *mut c_char);
 }
 
 /// The cumulative segment starts of a packed batch on its device, and its longest segment.
@@ -73,10 +72,7 @@ fn call(q: &Tensor, k: &Tensor, v: &Tensor, cu: &CuSeqlens) -> TchResult<Tensor>
             &mut out,
         )
     };
-    if !error.is_null() {
-        // SAFETY: a NUL-terminated string from strdup, released once with the shim's free.
-        let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
-        unsafe { trainq_free_message(error) };
+    if let Some(message) = crate::shim_error::shim_error(error) {
         return Err(TchError::Torch(format!("flash varlen attention: {message}")));
     }
     // SAFETY: `out` is a `new at::Tensor` the shim handed over; tch frees it on drop.

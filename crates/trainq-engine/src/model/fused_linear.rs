@@ -28,30 +28,13 @@ impl FusedLinear {
     /// Joins `members` (same input width, all with or all without bias); with `frozen` the
     /// members' weights and biases are moved into one stacked tensor each.
     pub(crate) fn new(members: Vec<Linear>, frozen: bool) -> TchResult<Self> {
-        let (stacked_weight, stacked_bias) = if frozen {
-            let weights: Vec<&Tensor> = members.iter().map(|m| &m.weight).collect();
-            let biases: Vec<&Tensor> = members.iter().filter_map(|m| m.bias.as_ref()).collect();
-            let stack = |parts: &[&Tensor], view: &dyn Fn(&Linear) -> Option<Tensor>| -> TchResult<Option<Tensor>> {
-                if parts.len() != members.len() {
-                    return Ok(None);
-                }
-                let stacked = tch::no_grad(|| Tensor::f_cat(parts, 0))?;
-                let mut start = 0;
-                for member in &members {
-                    let Some(mut own) = view(member) else { continue };
-                    let rows = own.size()[0];
-                    own.f_set_data(&stacked.f_narrow(0, start, rows)?)?;
-                    start += rows;
-                }
-                Ok(Some(stacked))
-            };
-            let w = stack(&weights, &|m| Some(m.weight.shallow_clone()))?;
-            let b = stack(&biases, &|m| m.bias.as_ref().map(Tensor::shallow_clone))?;
-            (w, b)
-        } else {
-            (None, None)
-        };
-        Ok(Self { members, stacked_weight, stacked_bias })
+        if !frozen {
+            return Ok(Self { members, stacked_weight: None, stacked_bias: None });
+        }
+        let stacked_weight = stack_in_place(members.iter().map(|m| m.weight.shallow_clone()).collect())?;
+        let biases: Option<Vec<Tensor>> = members.iter().map(|m| m.bias.as_ref().map(Tensor::shallow_clone)).collect();
+        let stacked_bias = biases.map(stack_in_place).transpose()?;
+        Ok(Self { members, stacked_weight: Some(stacked_weight), stacked_bias })
     }
 
     /// (…, in) -> (…, Σ out), the members' outputs side by side in their order; with `fused`
@@ -109,4 +92,18 @@ impl FusedLinear {
         }
         Ok(Some(LowRank { a, b: Tensor::f_cat(&blocks, 0)?, scale: first.scale }))
     }
+}
+
+/// Concatenates `parts` along their first dim into one new tensor and re-points each part at its
+/// rows of it (`set_data`): the parts keep their identity (and their names in the var store),
+/// their storage becomes the stack.
+fn stack_in_place(parts: Vec<Tensor>) -> TchResult<Tensor> {
+    let stacked = tch::no_grad(|| Tensor::f_cat(&parts, 0))?;
+    let mut start = 0;
+    for mut part in parts {
+        let rows = part.size()[0];
+        part.f_set_data(&stacked.f_narrow(0, start, rows)?)?;
+        start += rows;
+    }
+    Ok(stacked)
 }

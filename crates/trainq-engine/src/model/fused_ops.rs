@@ -7,7 +7,7 @@
 #![allow(unsafe_code)]
 
 #[cfg(trainq_fused)]
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, c_void};
 #[cfg(trainq_fused)]
 use std::sync::OnceLock;
 
@@ -44,7 +44,6 @@ extern "C" {
         swiglu: i32,
         out: *mut *mut c_void,
     ) -> *mut c_char;
-    fn trainq_free_message(message: *mut c_char);
 }
 
 /// Whether the fused ops can run on `device` in `kind`: CUDA, bf16, the shim built, and the
@@ -185,13 +184,10 @@ pub(crate) fn projection(
 
 #[cfg(trainq_fused)]
 fn check(error: *mut c_char) -> TchResult<()> {
-    if error.is_null() {
-        return Ok(());
+    match crate::shim_error::shim_error(error) {
+        None => Ok(()),
+        Some(message) => Err(TchError::Torch(format!("fused op: {message}"))),
     }
-    // SAFETY: a NUL-terminated string from strdup, released once with the shim's free.
-    let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
-    unsafe { trainq_free_message(error) };
-    Err(TchError::Torch(format!("fused op: {message}")))
 }
 
 #[cfg(not(trainq_fused))]

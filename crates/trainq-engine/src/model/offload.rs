@@ -6,9 +6,9 @@
 //! kernels/, collective/nccl and flash_varlen).
 #![allow(unsafe_code)]
 
-use std::ffi::c_void;
 #[cfg(trainq_offload)]
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
+use std::ffi::c_void;
 
 #[cfg(trainq_offload)]
 use tch::TchError;
@@ -27,7 +27,6 @@ extern "C" {
     ) -> *mut c_char;
     fn trainq_offload_wait(ready: *mut c_void, index: i64) -> *mut c_char;
     fn trainq_offload_forget(ready: *mut c_void);
-    fn trainq_free_message(message: *mut c_char);
 }
 
 /// Starts moving `t` to host memory (pinned, asynchronous on CUDA) and returns the host tensor.
@@ -97,11 +96,8 @@ impl Drop for Prefetched {
 
 #[cfg(trainq_offload)]
 fn check(error: *mut c_char) -> TchResult<()> {
-    if error.is_null() {
-        return Ok(());
+    match crate::shim_error::shim_error(error) {
+        None => Ok(()),
+        Some(message) => Err(TchError::Torch(format!("activation offloading: {message}"))),
     }
-    // SAFETY: a NUL-terminated string from strdup, released once with the shim's free.
-    let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
-    unsafe { trainq_free_message(error) };
-    Err(TchError::Torch(format!("activation offloading: {message}")))
 }

@@ -280,9 +280,10 @@ impl Policy {
         self.packed_attention = packed;
     }
 
-    /// Turns the fused decoder-layer ops on or off (on by default): on CUDA in bf16 the q/k norm
-    /// + RoPE and SwiGLU run as kernels of ours with their own backward (`model::fused_ops`);
-    /// off, or elsewhere, as libtorch tensor ops (the reference `bench check` compares with).
+    /// Turns the fused decoder-layer ops on or off (on by default): on CUDA in bf16 the q/k
+    /// norms with RoPE, SwiGLU and the projections with their adapters run as ops of ours with
+    /// their own backward (`model::fused_ops`); off, or elsewhere, as libtorch tensor ops (the
+    /// reference `bench check` compares with).
     pub fn set_fused_ops(&mut self, enabled: bool) {
         self.lm.fused_ops = enabled;
     }
