@@ -107,3 +107,40 @@ fn stack_in_place(parts: Vec<Tensor>) -> TchResult<Tensor> {
     }
     Ok(stacked)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+
+    use tch::nn::VarStore;
+    use tch::{Device, Kind, Tensor};
+
+    use super::FusedLinear;
+    use crate::model::layers::{Init, Linear, LoraSpec};
+
+    #[test]
+    fn a_stacked_projection_with_adapters_on_some_members_equals_its_members_one_by_one() {
+        let vs = VarStore::new(Device::Cpu);
+        let init = Init { kind: Kind::Float, base_trainable: false, random: true, std: 0.5 };
+        let targets = vec!["q_proj".to_string(), "v_proj".to_string()];
+        let spec = LoraSpec { rank: 2, scale: 2.0, targets, enabled: Arc::new(AtomicBool::new(true)) };
+        let member = |name: &str, out: i64| Linear::new(&vs.root() / name, 8, out, true, &init, Some(&spec)).unwrap();
+        let members = vec![member("q_proj", 6), member("k_proj", 4), member("v_proj", 4)];
+        for adapter in members.iter().filter_map(|m| m.lora.as_ref()) {
+            tch::no_grad(|| adapter.lora_b.shallow_clone().uniform_(-0.5, 0.5));
+        }
+        let fused = FusedLinear::new(members, true).unwrap();
+        let x = Tensor::randn([3, 5, 8], (Kind::Float, Device::Cpu));
+        let expected = Tensor::cat(&fused.members.iter().map(|m| m.forward(&x, false).unwrap()).collect::<Vec<_>>(), -1);
+        let y = fused.forward(&x, false).unwrap();
+        assert_eq!(y.size(), [3, 5, 14]);
+        assert!(y.allclose(&expected, 1e-5, 1e-5, false), "stacked {y} vs members {expected}");
+        // The members' frozen weights are views into the stack: filling one fills the stack.
+        let k_weight = fused.members[1].weight.shallow_clone();
+        tch::no_grad(|| k_weight.shallow_clone().fill_(3.0));
+        let stacked = fused.stacked_weight.as_ref().unwrap();
+        assert_eq!(stacked.narrow(0, 6, 4).min().double_value(&[]), 3.0);
+        assert!(stacked.narrow(0, 0, 6).abs().max().double_value(&[]) < 3.0);
+    }
+}
