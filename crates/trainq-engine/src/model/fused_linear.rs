@@ -128,7 +128,7 @@ mod tests {
         let member = |name: &str, out: i64| Linear::new(&vs.root() / name, 8, out, true, &init, Some(&spec)).unwrap();
         let members = vec![member("q_proj", 6), member("k_proj", 4), member("v_proj", 4)];
         for adapter in members.iter().filter_map(|m| m.lora.as_ref()) {
-            tch::no_grad(|| adapter.lora_b.shallow_clone().uniform_(-0.5, 0.5));
+            let _ = tch::no_grad(|| adapter.lora_b.shallow_clone().uniform_(-0.5, 0.5));
         }
         let fused = FusedLinear::new(members, true).unwrap();
         let x = Tensor::randn([3, 5, 8], (Kind::Float, Device::Cpu));
@@ -138,7 +138,7 @@ mod tests {
         assert!(y.allclose(&expected, 1e-5, 1e-5, false), "stacked {y} vs members {expected}");
         // The members' frozen weights are views into the stack: filling one fills the stack.
         let k_weight = fused.members[1].weight.shallow_clone();
-        tch::no_grad(|| k_weight.shallow_clone().fill_(3.0));
+        let _ = tch::no_grad(|| k_weight.shallow_clone().fill_(3.0));
         let stacked = fused.stacked_weight.as_ref().unwrap();
         assert_eq!(stacked.narrow(0, 6, 4).min().double_value(&[]), 3.0);
         assert!(stacked.narrow(0, 0, 6).abs().max().double_value(&[]) < 3.0);
