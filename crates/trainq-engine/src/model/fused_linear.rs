@@ -132,7 +132,8 @@ mod tests {
         }
         let fused = FusedLinear::new(members, true).unwrap();
         let x = Tensor::randn([3, 5, 8], (Kind::Float, Device::Cpu));
-        let expected = Tensor::cat(&fused.members.iter().map(|m| m.forward(&x, false).unwrap()).collect::<Vec<_>>(), -1);
+        let expected =
+            Tensor::cat(&fused.members.iter().map(|m| m.forward(&x, false).unwrap()).collect::<Vec<_>>(), -1);
         let y = fused.forward(&x, false).unwrap();
         assert_eq!(y.size(), [3, 5, 14]);
         assert!(y.allclose(&expected, 1e-5, 1e-5, false), "stacked {y} vs members {expected}");
