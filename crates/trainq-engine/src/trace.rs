@@ -57,3 +57,22 @@ fn check(error: *mut std::ffi::c_char) -> Result<()> {
 fn not_built() -> Error {
     Error::config("trace", "the profiler shim was not built (no LIBTORCH at build time)")
 }
+
+#[cfg(all(test, trainq_trace))]
+mod tests {
+    use tch::{Device, Kind, Tensor};
+
+    #[test]
+    fn a_trace_of_cpu_work_is_a_chrome_trace_that_names_its_operators() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("step.json");
+        super::start(false).unwrap();
+        let a = Tensor::ones([64, 64], (Kind::Float, Device::Cpu));
+        let _ = a.matmul(&a).sum(Kind::Float);
+        super::stop(&path).unwrap();
+        let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let events = trace["traceEvents"].as_array().expect("a Chrome trace has traceEvents");
+        let names: Vec<&str> = events.iter().filter_map(|e| e["name"].as_str()).collect();
+        assert!(names.iter().any(|n| n.contains("matmul") || n.contains("mm")), "no matmul among {names:?}");
+    }
+}
