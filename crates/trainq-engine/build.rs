@@ -2,8 +2,10 @@
 //! (activation offloading on a side stream, through c10's device-generic stream and event
 //! interfaces), csrc/flash_varlen.cpp (variable-length flash attention, which tch does not
 //! bind), csrc/trace.cpp (libtorch's Kineto profiler, for the benchmarks' traces) and
-//! csrc/fused_ops.cpp (autograd functions around the fused q/k/v and SwiGLU kernels). Without `LIBTORCH` (e.g. a docs build) the shim is left out: packed attention runs
-//! per segment and offloading copies synchronously.
+//! csrc/fused_ops.cpp (autograd functions around the fused q/k/v, SwiGLU and projection ops);
+//! csrc/guarded.h is their shared error convention. Without `LIBTORCH` (e.g. a docs build) the
+//! shim is left out: packed attention runs per segment, offloading copies synchronously and the
+//! layers run on libtorch's tensor ops.
 
 use std::path::PathBuf;
 
@@ -13,6 +15,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/offload.cpp");
     println!("cargo:rerun-if-changed=csrc/trace.cpp");
     println!("cargo:rerun-if-changed=csrc/fused_ops.cpp");
+    println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rustc-check-cfg=cfg(trainq_flash_varlen)");
     println!("cargo:rustc-check-cfg=cfg(trainq_offload)");
     println!("cargo:rustc-check-cfg=cfg(trainq_trace)");

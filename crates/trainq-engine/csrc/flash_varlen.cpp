@@ -5,9 +5,8 @@
 // in offload.cpp).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_flash_attention_forward.h>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
+
+#include "guarded.h"
 
 extern "C" {
 
@@ -16,17 +15,14 @@ extern "C" {
 // error message to release with trainq_free_message.
 char* trainq_flash_varlen_forward(const at::Tensor* q, const at::Tensor* k, const at::Tensor* v,
                                   const at::Tensor* cu, int64_t max_len, at::Tensor** out) {
-  try {
+  return guarded([&] {
     auto result = at::_ops::_flash_attention_forward::call(
         *q, *k, *v, *cu, *cu, c10::SymInt(max_len), c10::SymInt(max_len),
         /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false,
         /*scale=*/std::nullopt, /*window_size_left=*/std::nullopt, /*window_size_right=*/std::nullopt,
         /*seqused_k=*/std::nullopt, /*alibi_slopes=*/std::nullopt);
     *out = new at::Tensor(std::move(std::get<0>(result)));
-    return nullptr;
-  } catch (const std::exception& e) {
-    return strdup(e.what());
-  }
+  });
 }
 
 }  // extern "C"

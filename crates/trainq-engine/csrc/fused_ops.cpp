@@ -8,13 +8,12 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <array>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "guarded.h"
 
 namespace {
 
@@ -191,50 +190,34 @@ std::array<bool, 5> needed_grads(torch::autograd::AutogradContext* ctx) {
           ctx->needs_input_grad(4)};
 }
 
-// A linear projection with an optional LoRA adapter (A, B already stacked by the caller).
+// A linear projection with an optional LoRA adapter (A, B already stacked by the caller). With
+// `swiglu`, its input is the fused gate/up output and it projects silu(gate) · up: only gate/up
+// is kept for the backward, which recomputes silu(gate) · up (one elementwise pass) instead of
+// holding it, (rows, I) less activation memory per layer.
 class Projection : public torch::autograd::Function<Projection> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, double scale) {
-    auto [y, low] = project_forward(x, weight, bias, a, b, scale);
+                            const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, double scale,
+                            bool swiglu) {
+    auto [y, low] = project_forward(swiglu ? swiglu_forward(x) : x, weight, bias, a, b, scale);
     ctx->save_for_backward({x, weight, a, b, low});
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["swiglu"] = swiglu;
     return y;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
-    auto g = project_backward(grads[0].contiguous(), saved[0], saved[1], saved[2], saved[3], saved[4],
-                              ctx->saved_data["scale"].toDouble(), needed_grads(ctx));
-    return {g[0], g[1], g[2], g[3], g[4], at::Tensor()};
-  }
-};
-
-// down(silu(gate) · up) with down's optional adapter, from the fused gate/up output. Keeps only
-// gate/up for the backward, which recomputes silu(gate) · up (one elementwise pass) instead of
-// holding it: (rows, I) less activation memory per layer.
-class SwiGluProjection : public torch::autograd::Function<SwiGluProjection> {
- public:
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& gate_up,
-                            const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& a,
-                            const at::Tensor& b, double scale) {
-    auto [y, low] = project_forward(swiglu_forward(gate_up), weight, bias, a, b, scale);
-    ctx->save_for_backward({gate_up, weight, a, b, low});
-    ctx->saved_data["scale"] = scale;
-    return y;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
-                                                 torch::autograd::variable_list grads) {
-    auto saved = ctx->get_saved_variables();
-    auto& gate_up = saved[0];
+    auto& x = saved[0];
+    bool swiglu = ctx->saved_data["swiglu"].toBool();
     auto needed = needed_grads(ctx);
-    auto h = (needed[1] || needed[3]) ? swiglu_forward(gate_up) : at::Tensor();
-    auto g = project_backward(grads[0].contiguous(), h, saved[1], saved[2], saved[3], saved[4],
+    // The projection's input, for dW and dA: x itself, or silu(gate) · up again.
+    auto input = !swiglu ? x : (needed[1] || needed[3]) ? swiglu_forward(x) : at::Tensor();
+    auto g = project_backward(grads[0].contiguous(), input, saved[1], saved[2], saved[3], saved[4],
                               ctx->saved_data["scale"].toDouble(), needed);
-    auto dgu = needed[0] ? swiglu_backward(gate_up, g[0]) : at::Tensor();
-    return {dgu, g[1], g[2], g[3], g[4], at::Tensor()};
+    auto dx = swiglu && needed[0] ? swiglu_backward(x, g[0]) : g[0];
+    return {dx, g[1], g[2], g[3], g[4], at::Tensor(), at::Tensor()};
   }
 };
 
@@ -277,28 +260,22 @@ void trainq_fused_register(const Launchers* table, int64_t blocks) {
 char* trainq_qkv_norm_rope(const at::Tensor* qkv, const at::Tensor* q_weight, const at::Tensor* k_weight,
                            const at::Tensor* cos, const at::Tensor* sin, int64_t heads, int64_t kv_heads,
                            double eps, at::Tensor** q, at::Tensor** k, at::Tensor** v) {
-  try {
+  return guarded([&] {
     if (!usable(*qkv)) throw std::runtime_error("qkv must be a contiguous 2-d bf16 CUDA tensor");
     auto out = QkvNormRope::apply(*qkv, optional(q_weight, *qkv), optional(k_weight, *qkv), optional(cos, *qkv),
                                   optional(sin, *qkv), heads, kv_heads, eps);
     *q = new at::Tensor(std::move(out[0]));
     *k = new at::Tensor(std::move(out[1]));
     *v = new at::Tensor(std::move(out[2]));
-    return nullptr;
-  } catch (const std::exception& e) {
-    return strdup(e.what());
-  }
+  });
 }
 
 // gate_up (N, 2I) bf16 contiguous on CUDA -> silu(gate) · up (N, I).
 char* trainq_swiglu(const at::Tensor* gate_up, at::Tensor** out) {
-  try {
+  return guarded([&] {
     if (!usable(*gate_up)) throw std::runtime_error("gate_up must be a contiguous 2-d bf16 CUDA tensor");
     *out = new at::Tensor(SwiGlu::apply(*gate_up));
-    return nullptr;
-  } catch (const std::exception& e) {
-    return strdup(e.what());
-  }
+  });
 }
 
 // x (rows, in) -> x Wᵀ + b + s · (x Aᵀ) Bᵀ (rows, out); bias, a and b may be null (a and b
@@ -306,17 +283,12 @@ char* trainq_swiglu(const at::Tensor* gate_up, at::Tensor** out) {
 // silu(gate) · up, recomputed in the backward instead of kept.
 char* trainq_projection(const at::Tensor* x, const at::Tensor* weight, const at::Tensor* bias, const at::Tensor* a,
                         const at::Tensor* b, double scale, int swiglu, at::Tensor** out) {
-  try {
+  return guarded([&] {
     if (!usable(*x)) throw std::runtime_error("the projection's input must be a contiguous 2-d bf16 CUDA tensor");
     if ((a == nullptr) != (b == nullptr)) throw std::runtime_error("an adapter needs both A and B");
-    auto y = swiglu != 0 ? SwiGluProjection::apply(*x, *weight, optional(bias, *x), optional(a, *x),
-                                                   optional(b, *x), scale)
-                         : Projection::apply(*x, *weight, optional(bias, *x), optional(a, *x), optional(b, *x), scale);
-    *out = new at::Tensor(std::move(y));
-    return nullptr;
-  } catch (const std::exception& e) {
-    return strdup(e.what());
-  }
+    *out = new at::Tensor(Projection::apply(*x, *weight, optional(bias, *x), optional(a, *x), optional(b, *x), scale,
+                                            swiglu != 0));
+  });
 }
 
 }  // extern "C"

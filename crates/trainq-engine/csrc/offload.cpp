@@ -8,10 +8,10 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <cstdlib>
-#include <cstring>
-#include <exception>
 #include <map>
 #include <mutex>
+
+#include "guarded.h"
 
 namespace {
 
@@ -40,7 +40,7 @@ extern "C" {
 // current stream is done. The caching allocators keep `src` and the host block alive until the
 // copy has run. Writes the host tensor to *out.
 char* trainq_offload_to_host(const at::Tensor* src, at::Tensor** out) {
-  try {
+  return guarded([&] {
     auto device = src->device();
     auto side = side_stream(device);
     c10::Event produced(device.type());
@@ -53,17 +53,14 @@ char* trainq_offload_to_host(const at::Tensor* src, at::Tensor** out) {
     }
     src->record_stream(side);
     *out = new at::Tensor(std::move(host));
-    return nullptr;
-  } catch (const std::exception& e) {
-    return strdup(e.what());
-  }
+  });
 }
 
 // Starts copying pinned `host` to CUDA device `index` on the side stream. Writes the device
 // tensor to *out and an event to *ready: the current stream must wait for it
 // (trainq_offload_wait) before using the tensor.
 char* trainq_offload_prefetch(const at::Tensor* host, int64_t index, at::Tensor** out, void** ready) {
-  try {
+  return guarded([&] {
     c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
     auto side = side_stream(device);
     at::Tensor copy;
@@ -78,24 +75,18 @@ char* trainq_offload_prefetch(const at::Tensor* host, int64_t index, at::Tensor*
     event->record(side);
     *out = new at::Tensor(std::move(copy));
     *ready = event;
-    return nullptr;
-  } catch (const std::exception& e) {
-    return strdup(e.what());
-  }
+  });
 }
 
 // Makes the current stream of device `index` wait for a prefetch's event, then frees it.
 char* trainq_offload_wait(void* ready, int64_t index) {
   auto* event = static_cast<c10::Event*>(ready);
-  try {
+  auto* error = guarded([&] {
     c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
     event->block(current_stream(device));
-    delete event;
-    return nullptr;
-  } catch (const std::exception& e) {
-    delete event;
-    return strdup(e.what());
-  }
+  });
+  delete event;
+  return error;
 }
 
 // Frees an error message returned by any entry point of the shim.

@@ -5,11 +5,10 @@
 // file (GPU time by kernel family, and how much of the step the GPU sat idle). Errors come back
 // as a malloc'd string (trainq_free_message, in offload.cpp).
 #include <torch/csrc/autograd/profiler_kineto.h>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
 #include <set>
 #include <string>
+
+#include "guarded.h"
 
 namespace {
 
@@ -32,24 +31,15 @@ extern "C" {
 
 // Starts recording CUDA kernels when `cuda` is non-zero, else CPU operators.
 char* trainq_trace_start(int cuda) {
-  try {
+  return guarded([&] {
     torch::autograd::profiler::prepareProfiler(config(), activities(cuda != 0));
     torch::autograd::profiler::enableProfiler(config(), activities(cuda != 0));
-    return nullptr;
-  } catch (const std::exception& e) {
-    return strdup(e.what());
-  }
+  });
 }
 
 // Stops recording and writes the Chrome trace (JSON) to `path`.
 char* trainq_trace_stop(const char* path) {
-  try {
-    auto result = torch::autograd::profiler::disableProfiler();
-    result->save(std::string(path));
-    return nullptr;
-  } catch (const std::exception& e) {
-    return strdup(e.what());
-  }
+  return guarded([&] { torch::autograd::profiler::disableProfiler()->save(std::string(path)); });
 }
 
 }  // extern "C"

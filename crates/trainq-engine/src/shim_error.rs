@@ -1,6 +1,6 @@
 //! The C++ shim's error convention (csrc/*.cpp): an entry point returns null on success, or a
 //! malloc'd message that only the shim's `trainq_free_message` may release. Every module that
-//! calls the shim reads its errors through [`shim_error`]. One of the few `unsafe` modules.
+//! calls the shim reads its errors through [`message`] (or [`check`]). One of the few `unsafe` modules.
 #![allow(unsafe_code)]
 
 #[cfg(trainq_offload)]
@@ -13,7 +13,7 @@ extern "C" {
 
 /// `None` when `error` is null (success); otherwise its message, after releasing it.
 #[cfg(trainq_offload)]
-pub(crate) fn shim_error(error: *mut c_char) -> Option<String> {
+pub(crate) fn message(error: *mut c_char) -> Option<String> {
     if error.is_null() {
         return None;
     }
@@ -22,4 +22,10 @@ pub(crate) fn shim_error(error: *mut c_char) -> Option<String> {
     let message = unsafe { CStr::from_ptr(error) }.to_string_lossy().into_owned();
     unsafe { trainq_free_message(error) };
     Some(message)
+}
+
+/// [`message`] as a libtorch error of the model's calls: `what: message`.
+#[cfg(trainq_offload)]
+pub(crate) fn check(error: *mut c_char, what: &str) -> Result<(), tch::TchError> {
+    message(error).map_or(Ok(()), |m| Err(tch::TchError::Torch(format!("{what}: {m}"))))
 }

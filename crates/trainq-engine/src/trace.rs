@@ -47,10 +47,7 @@ pub fn stop(path: &Path) -> Result<()> {
 
 #[cfg(trainq_trace)]
 fn check(error: *mut std::ffi::c_char) -> Result<()> {
-    match crate::shim_error::shim_error(error) {
-        None => Ok(()),
-        Some(message) => Err(Error::config("trace", message)),
-    }
+    crate::shim_error::message(error).map_or(Ok(()), |message| Err(Error::config("trace", message)))
 }
 
 #[cfg(not(trainq_trace))]

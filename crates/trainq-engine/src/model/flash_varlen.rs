@@ -8,7 +8,7 @@
 #[cfg(trainq_flash_varlen)]
 use std::ffi::{c_char, c_void};
 
-use tch::{Device, Kind, TchError, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::layers::TchResult;
 
@@ -72,14 +72,12 @@ fn call(q: &Tensor, k: &Tensor, v: &Tensor, cu: &CuSeqlens) -> TchResult<Tensor>
             &mut out,
         )
     };
-    if let Some(message) = crate::shim_error::shim_error(error) {
-        return Err(TchError::Torch(format!("flash varlen attention: {message}")));
-    }
+    crate::shim_error::check(error, "flash varlen attention")?;
     // SAFETY: `out` is a `new at::Tensor` the shim handed over; tch frees it on drop.
     Ok(unsafe { Tensor::from_ptr(out.cast()) })
 }
 
 #[cfg(not(trainq_flash_varlen))]
 fn call(_q: &Tensor, _k: &Tensor, _v: &Tensor, _cu: &CuSeqlens) -> TchResult<Tensor> {
-    Err(TchError::Torch("flash varlen attention was not built (no LIBTORCH at build time)".into()))
+    Err(tch::TchError::Torch("flash varlen attention was not built (no LIBTORCH at build time)".into()))
 }

@@ -11,8 +11,7 @@ use std::sync::atomic::Ordering;
 
 use tch::Tensor;
 
-use super::fused_ops::projection;
-use super::layers::{add_low_rank_, linear_rows, output_size, Linear, LoraAdapter, LowRank, TchResult};
+use super::layers::{project, Linear, LoraAdapter, LowRank, TchResult};
 
 /// Several [`Linear`]s of the same input width, computed as one.
 #[derive(Debug)]
@@ -52,18 +51,7 @@ impl FusedLinear {
             }
             None => None,
         };
-        let adapter = self.stacked_adapter()?;
-        let size = output_size(x, weight.size()[0]);
-        if fused {
-            let rows = x.f_reshape([-1, weight.size()[1]])?;
-            return projection(&rows, &weight, bias.as_ref(), adapter.as_ref(), false)?.f_view(size.as_slice());
-        }
-        // (rows, Σ out), then the adapters added in place
-        let mut y = linear_rows(x, &weight, bias.as_ref())?;
-        if let Some(adapter) = &adapter {
-            add_low_rank_(&mut y, x, adapter)?;
-        }
-        y.f_view(size.as_slice())
+        project(x, &weight, bias.as_ref(), self.stacked_adapter()?.as_ref(), fused)
     }
 
     /// The enabled adapters as one: their A stacked (k·r, in) and the block-diagonal (Σ out, k·r)

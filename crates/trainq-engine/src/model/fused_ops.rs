@@ -11,7 +11,7 @@ use std::ffi::{c_char, c_void};
 #[cfg(trainq_fused)]
 use std::sync::OnceLock;
 
-use tch::{Device, Kind, TchError, Tensor};
+use tch::{Device, Kind, Tensor};
 
 use super::layers::{LowRank, TchResult};
 
@@ -96,15 +96,14 @@ pub(crate) fn qkv_norm_rope(qkv: &Tensor, spec: &QkvSpec<'_>) -> TchResult<(Tens
             Some((q, k)) => Some((q.f_contiguous()?, k.f_contiguous()?)),
             None => None,
         };
-        let ptr = |t: Option<&Tensor>| t.map_or(std::ptr::null(), |t| t.as_ptr().cast::<c_void>());
         let (mut q, mut k, mut v) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
         // SAFETY: every pointer is a live tch tensor (at::Tensor*) or null for the call; the shim
         // catches every C++ exception and returns an error string or three new tensors.
         check(unsafe {
             trainq_qkv_norm_rope(
                 qkv.as_ptr().cast(),
-                ptr(norms.as_ref().map(|n| &n.0)),
-                ptr(norms.as_ref().map(|n| &n.1)),
+                optional_ptr(norms.as_ref().map(|n| &n.0)),
+                optional_ptr(norms.as_ref().map(|n| &n.1)),
                 cos.as_ptr().cast(),
                 sin.as_ptr().cast(),
                 spec.heads,
@@ -157,16 +156,15 @@ pub(crate) fn projection(
     #[cfg(trainq_fused)]
     {
         let x = x.f_contiguous()?;
-        let ptr = |t: Option<&Tensor>| t.map_or(std::ptr::null(), |t| t.as_ptr().cast::<c_void>());
         let mut out = std::ptr::null_mut();
         // SAFETY: as in `qkv_norm_rope`.
         check(unsafe {
             trainq_projection(
                 x.as_ptr().cast(),
                 weight.as_ptr().cast(),
-                ptr(bias),
-                ptr(lora.map(|l| &l.a)),
-                ptr(lora.map(|l| &l.b)),
+                optional_ptr(bias),
+                optional_ptr(lora.map(|l| &l.a)),
+                optional_ptr(lora.map(|l| &l.b)),
                 lora.map_or(1.0, |l| l.scale),
                 i32::from(swiglu),
                 &mut out,
@@ -184,13 +182,16 @@ pub(crate) fn projection(
 
 #[cfg(trainq_fused)]
 fn check(error: *mut c_char) -> TchResult<()> {
-    match crate::shim_error::shim_error(error) {
-        None => Ok(()),
-        Some(message) => Err(TchError::Torch(format!("fused op: {message}"))),
-    }
+    crate::shim_error::check(error, "fused op")
+}
+
+/// The shim's pointer to an optional tensor: the tensor, or null.
+#[cfg(trainq_fused)]
+fn optional_ptr(t: Option<&Tensor>) -> *const c_void {
+    t.map_or(std::ptr::null(), |t| t.as_ptr().cast())
 }
 
 #[cfg(not(trainq_fused))]
-fn not_built() -> TchError {
-    TchError::Torch("the fused ops were not built (no LIBTORCH at build time)".into())
+fn not_built() -> tch::TchError {
+    tch::TchError::Torch("the fused ops were not built (no LIBTORCH at build time)".into())
 }

@@ -105,18 +105,7 @@ impl Linear {
 
     /// (…, in) -> (…, out); with `fused` through the projection op of `model::fused_ops`.
     pub(crate) fn forward(&self, x: &Tensor, fused: bool) -> TchResult<Tensor> {
-        let adapter = self.adapter();
-        let size = output_size(x, self.weight.size()[0]);
-        if fused {
-            let rows = x.f_reshape([-1, self.weight.size()[1]])?;
-            let y = projection(&rows, &self.weight, self.bias.as_ref(), adapter.as_ref(), false)?;
-            return y.f_view(size.as_slice());
-        }
-        let mut y = linear_rows(x, &self.weight, self.bias.as_ref())?;
-        if let Some(adapter) = &adapter {
-            add_low_rank_(&mut y, x, adapter)?;
-        }
-        y.f_view(size.as_slice())
+        project(x, &self.weight, self.bias.as_ref(), self.adapter().as_ref(), fused)
     }
 
     /// The adapter when there is one and it is enabled.
@@ -134,9 +123,32 @@ pub(crate) struct LowRank {
     pub(crate) scale: f64,
 }
 
+/// `x Wᵀ + b + s · (x Aᵀ) Bᵀ` for x (…, in) -> (…, out), the adapter optional: with `fused` one
+/// op of `model::fused_ops` (CUDA, bf16), else a GEMM and the adapter added into its output in
+/// place.
+pub(crate) fn project(
+    x: &Tensor,
+    weight: &Tensor,
+    bias: Option<&Tensor>,
+    lora: Option<&LowRank>,
+    fused: bool,
+) -> TchResult<Tensor> {
+    let size = output_size(x, weight.size()[0]);
+    let y = if fused {
+        projection(&x.f_reshape([-1, weight.size()[1]])?, weight, bias, lora, false)?
+    } else {
+        let mut y = linear_rows(x, weight, bias)?;
+        if let Some(lora) = lora {
+            add_low_rank_(&mut y, x, lora)?;
+        }
+        y
+    };
+    y.f_view(size.as_slice())
+}
+
 /// `x Wᵀ + b` for x (…, in) as a fresh (rows, out) matrix that no view shares, so that a LoRA
 /// term can be added into it in place ([`add_low_rank_`]).
-pub(crate) fn linear_rows(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> TchResult<Tensor> {
+fn linear_rows(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> TchResult<Tensor> {
     let rows = x.f_reshape([-1, weight.size()[1]])?;
     let weight_t = weight.f_transpose(0, 1)?;
     match bias {
@@ -148,7 +160,7 @@ pub(crate) fn linear_rows(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) ->
 /// `y += s · (x Aᵀ) Bᵀ` in place for y (rows, out) from [`linear_rows`] and x (…, in): the
 /// low-rank product scaled where it is smallest, then one GEMM whose epilogue adds into `y` (no
 /// copy of `y`, no separate sum).
-pub(crate) fn add_low_rank_(y: &mut Tensor, x: &Tensor, lora: &LowRank) -> TchResult<()> {
+fn add_low_rank_(y: &mut Tensor, x: &Tensor, lora: &LowRank) -> TchResult<()> {
     // (rows, in) -> (rows, k)
     let low_rank = x.f_reshape([-1, lora.a.size()[1]])?.f_mm(&lora.a.f_transpose(0, 1)?)?.f_mul_scalar(lora.scale)?;
     let _ = y.f_addmm_(&low_rank, &lora.b.f_transpose(0, 1)?)?;

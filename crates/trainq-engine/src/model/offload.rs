@@ -10,8 +10,6 @@
 use std::ffi::c_char;
 use std::ffi::c_void;
 
-#[cfg(trainq_offload)]
-use tch::TchError;
 use tch::{Device, Tensor};
 
 use super::layers::TchResult;
@@ -96,8 +94,5 @@ impl Drop for Prefetched {
 
 #[cfg(trainq_offload)]
 fn check(error: *mut c_char) -> TchResult<()> {
-    match crate::shim_error::shim_error(error) {
-        None => Ok(()),
-        Some(message) => Err(TchError::Torch(format!("activation offloading: {message}"))),
-    }
+    crate::shim_error::check(error, "activation offloading")
 }
