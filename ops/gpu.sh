@@ -83,7 +83,7 @@ case "${1:-}" in
     before=$(ls /tmp/trainq-traces | wc -l)
     ./.carry/trainq bench train --trace /tmp/trainq-traces "$@" | tee -a "$OUT/trainq.jsonl"
     for t in $(ls -t /tmp/trainq-traces/*.json | head -$(( $(ls /tmp/trainq-traces | wc -l) - before ))); do
-      { echo "args: $*"; "$gpu_python" ops/bench/trace_summary.py "$t" 20; echo; } | tee -a "$OUT/profile.md"
+      { echo "args: $*"; "$gpu_python" ops/bench/trace_summary.py "$t" 40; echo; } | tee -a "$OUT/profile.md"
     done
     tar cf - -C /tmp trainq-traces | xz -T0 -6 > "$OUT/traces.tar.xz"
     ;;

@@ -2,10 +2,11 @@
 //! (activation offloading on a side stream, through c10's device-generic stream and event
 //! interfaces), csrc/flash_varlen.cpp (variable-length flash attention, which tch does not
 //! bind), csrc/trace.cpp (libtorch's Kineto profiler, for the benchmarks' traces) and
-//! csrc/fused_ops.cpp (autograd functions around the fused q/k/v, SwiGLU and projection ops);
-//! csrc/guarded.h is their shared error convention. Without `LIBTORCH` (e.g. a docs build) the
+//! csrc/fused_ops.cpp (autograd functions around the fused q/k/v, SwiGLU and projection ops),
+//! csrc/grads.cpp (dropping variables' gradients); csrc/guarded.h is their shared error
+//! convention. Without `LIBTORCH` (e.g. a docs build) the
 //! shim is left out: packed attention runs per segment, offloading copies synchronously and the
-//! layers run on libtorch's tensor ops.
+//! layers run on libtorch's tensor ops, and gradients are zeroed instead of dropped.
 
 use std::path::PathBuf;
 
@@ -15,11 +16,13 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/offload.cpp");
     println!("cargo:rerun-if-changed=csrc/trace.cpp");
     println!("cargo:rerun-if-changed=csrc/fused_ops.cpp");
+    println!("cargo:rerun-if-changed=csrc/grads.cpp");
     println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rustc-check-cfg=cfg(trainq_flash_varlen)");
     println!("cargo:rustc-check-cfg=cfg(trainq_offload)");
     println!("cargo:rustc-check-cfg=cfg(trainq_trace)");
     println!("cargo:rustc-check-cfg=cfg(trainq_fused)");
+    println!("cargo:rustc-check-cfg=cfg(trainq_grads)");
     let Some(libtorch) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         return;
     };
@@ -35,7 +38,8 @@ fn main() {
         .warnings(false)
         .file("csrc/offload.cpp")
         .file("csrc/trace.cpp")
-        .file("csrc/fused_ops.cpp");
+        .file("csrc/fused_ops.cpp")
+        .file("csrc/grads.cpp");
     let flash = include.join("ATen/ops/_flash_attention_forward.h").is_file();
     if flash {
         build.file("csrc/flash_varlen.cpp");
@@ -49,6 +53,7 @@ fn main() {
     println!("cargo:rustc-cfg=trainq_offload");
     println!("cargo:rustc-cfg=trainq_trace");
     println!("cargo:rustc-cfg=trainq_fused");
+    println!("cargo:rustc-cfg=trainq_grads");
     if flash {
         println!("cargo:rustc-cfg=trainq_flash_varlen");
     }

@@ -1,9 +1,12 @@
 """Summarizes a Kineto trace of one training step (`trainq bench train --trace DIR`): GPU time by
 kernel family and by kernel name, how long the GPU sat idle inside the step, and the
-matmul-only limit (the step's GEMM and attention time alone, at the speed they ran).
+matmul-only limit (the step's GEMM and attention time alone, at the speed they ran). A trace
+recorded with `--trace-ops` also holds the CPU operators: kernels are then summed by the
+operator that launched them (the autograd node in the backward pass, and the innermost aten op).
 
     python ops/bench/trace_summary.py TRACE.json[.gz] [top_n]
 """
+import bisect
 import gzip
 import json
 import re
@@ -76,11 +79,74 @@ def summarize(events, top):
     return "\n".join(lines)
 
 
+def launching_ops(events):
+    """Kernel correlation id -> "outer / inner" name of the CPU operators that launched it, from
+    the runtime call's thread and time (operators nest by time on their thread)."""
+    ops_by_tid = defaultdict(list)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation"):
+            ops_by_tid[e["tid"]].append((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0)), e["name"]))
+    parents = {}
+    for tid, ops in ops_by_tid.items():
+        ops.sort(key=lambda o: (o[0], -o[1]))
+        stack, parent = [], []
+        for i, (start, end, _) in enumerate(ops):
+            while stack and ops[stack[-1]][1] < start:
+                stack.pop()
+            parent.append(stack[-1] if stack else -1)
+            stack.append(i)
+        parents[tid] = parent
+    starts = {tid: [o[0] for o in ops] for tid, ops in ops_by_tid.items()}
+    names = {}
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in ("cuda_runtime", "cuda_driver"):
+            continue
+        corr = e.get("args", {}).get("correlation")
+        tid, t = e["tid"], float(e["ts"])
+        if corr is None or tid not in ops_by_tid:
+            continue
+        ops, parent = ops_by_tid[tid], parents[tid]
+        i = bisect.bisect_right(starts[tid], t) - 1
+        while i >= 0 and ops[i][1] < t:
+            i = parent[i]
+        chain = []
+        while i >= 0:
+            chain.append(ops[i][2])
+            i = parent[i]
+        if not chain:
+            continue
+        node = next((n.split(": ", 1)[1] for n in chain if n.startswith("autograd::engine::evaluate_function")), None)
+        outer = node or chain[-1]
+        names[corr] = outer if outer == chain[0] else f"{outer} / {chain[0]}"
+    return names
+
+
+def by_operator(events, top):
+    """GPU time per launching operator, or None when the trace holds no CPU operators."""
+    names = launching_ops(events)
+    if not names:
+        return None
+    sums = defaultdict(lambda: [0.0, 0])
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            name = names.get(e.get("args", {}).get("correlation"), "(no operator)")
+            sums[name][0] += float(e.get("dur", 0))
+            sums[name][1] += 1
+    lines = ["", "| launching operator | ms | kernels |", "|---|---:|---:|"]
+    for name, (us, n) in sorted(sums.items(), key=lambda kv: -kv[1][0])[:top]:
+        lines.append(f"| `{name[:120]}` | {us / 1e3:.2f} | {n} |")
+    return "\n".join(lines)
+
+
 def main():
     path = sys.argv[1]
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 25
     print(f"## {path.rsplit('/', 1)[-1]}\n")
-    print(summarize(load(path), top))
+    events = load(path)
+    print(summarize(events, top))
+    ops = by_operator(events, top)
+    if ops:
+        print(ops)
 
 
 if __name__ == "__main__":

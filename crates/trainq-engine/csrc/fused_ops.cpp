@@ -33,12 +33,23 @@ struct SwiGluArgs {
   int64_t n, intermediate;
 };
 
+// Mirrors kernels::fused::AddNormArgs.
+struct AddNormArgs {
+  int64_t device;
+  uint64_t x, h, weight, s, n, rstd, ds, dn, d, weight_partial;
+  int64_t rows;
+  int32_t width;
+  float eps;
+};
+
 // Mirrors kernels::fused::FusedLaunchers.
 struct Launchers {
   int (*qkv_forward)(const QkvArgs*, char*, size_t);
   int (*qkv_backward)(const QkvArgs*, char*, size_t);
   int (*swiglu_forward)(const SwiGluArgs*, char*, size_t);
   int (*swiglu_backward)(const SwiGluArgs*, char*, size_t);
+  int (*add_norm_forward)(const AddNormArgs*, char*, size_t);
+  int (*add_norm_backward)(const AddNormArgs*, char*, size_t);
 };
 
 Launchers launchers{};
@@ -79,11 +90,13 @@ class QkvNormRope : public torch::autograd::Function<QkvNormRope> {
     auto d = qkv.size(1) / (heads + 2 * kv_heads);
     auto q = at::empty({n, heads, d}, qkv.options());
     auto k = at::empty({n, kv_heads, d}, qkv.options());
-    auto v = at::empty({n, kv_heads, d}, qkv.options());
+    // v is the projection's own v columns, a view (N, KV, D) with rows T·D apart: the kernel
+    // leaves it alone, and attention saves no copy of it (the output is kept for backward).
+    auto v = qkv.narrow(1, (heads + kv_heads) * d, kv_heads * d).view({n, kv_heads, d});
     auto rstd = at::empty({n, heads + kv_heads}, qkv.options().dtype(at::kFloat));
     auto qkv_in = aligned(qkv), qw = aligned(q_weight), kw = aligned(k_weight), c = aligned(cos), s = aligned(sin);
     QkvArgs args{qkv.device().index(), address(qkv_in), address(qw), address(kw), address(c),
-                 address(s), address(rstd), address(q), address(k), address(v), 0, 0, 0, n,
+                 address(s), address(rstd), address(q), address(k), 0, 0, 0, 0, n,
                  static_cast<int32_t>(heads), static_cast<int32_t>(kv_heads), static_cast<int32_t>(d),
                  static_cast<float>(eps)};
     run(launchers.qkv_forward, args);
@@ -143,6 +156,12 @@ at::Tensor swiglu_backward(const at::Tensor& gate_up_in, const at::Tensor& dout_
   return dgu;
 }
 
+// scale · (m1 m2) as one GEMM: cuBLAS's alpha, with beta 0 so the uninitialized output is never
+// read (no separate pass to scale the product).
+at::Tensor scaled_mm(const at::Tensor& m1, const at::Tensor& m2, double scale) {
+  return at::empty({m1.size(0), m2.size(1)}, m1.options()).addmm_(m1, m2, /*beta=*/0, /*alpha=*/scale);
+}
+
 // y = x Wᵀ + b + s · (x Aᵀ) Bᵀ for x (rows, in), with A (k, in) and B (out, k) empty when there
 // is no adapter. Returns y and the scaled low-rank s · x Aᵀ (undefined without adapter). The
 // adapter's term rides in the base GEMM, [x, s·x Aᵀ] [W, B]ᵀ, when that moves fewer bytes than
@@ -150,7 +169,7 @@ at::Tensor swiglu_backward(const at::Tensor& gate_up_in, const at::Tensor& dout_
 std::pair<at::Tensor, at::Tensor> project_forward(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                                   const at::Tensor& a, const at::Tensor& b, double scale) {
   if (!present(a)) return {present(bias) ? at::addmm(bias, x, weight.t()) : at::mm(x, weight.t()), at::Tensor()};
-  auto low = at::mm(x, a.t()).mul_(scale);
+  auto low = scaled_mm(x, a.t(), scale);
   // Append the low-rank columns to the input and B to the weight, one GEMM (K grows by k),
   // when the output is wider than the input and the weight smaller than the output (its copy
   // costs less than a second pass over the output): q/k/v and gate/up at thousands of rows,
@@ -166,17 +185,26 @@ std::pair<at::Tensor, at::Tensor> project_forward(const at::Tensor& x, const at:
 }
 
 // Gradients of project_forward for upstream dy (rows, out): {dx, dW, db, dA, dB}, each computed
-// only when `needed` says so. dx = dy W + s · (dy B) A, the adapter's part added by the epilogue
-// of its GEMM into the base part.
+// only when `needed` says so. dx = dy W + s · (dy B) A: the adapter's part either rides in the
+// base GEMM ([dy, s·dy B] [W; A]) or is added by the epilogue of its own GEMM.
 std::vector<at::Tensor> project_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& weight,
                                          const at::Tensor& a, const at::Tensor& b, const at::Tensor& low,
                                          double scale, const std::array<bool, 5>& needed) {
   at::Tensor dx, dw, db, da, dbb, dlow;
   bool adapter = present(a);
-  if (adapter && (needed[0] || needed[3])) dlow = at::mm(dy, b).mul_(scale);
+  if (adapter && (needed[0] || needed[3])) dlow = scaled_mm(dy, b, scale);
   if (needed[0]) {
-    dx = at::mm(dy, weight);
-    if (adapter) dx.addmm_(dlow, a);
+    // Narrow outputs (o, down: out < in): append dlow to dy and A to W, one GEMM whose K grows
+    // by k, when copying dy and W moves fewer bytes than the second GEMM's read and write of dx.
+    // Wide outputs (q/k/v, gate/up) keep the in-place epilogue.
+    auto rows = dy.size(0), out = weight.size(0), in = weight.size(1);
+    bool fold = adapter && out * in + rows * out < 2 * rows * in;
+    if (fold) {
+      dx = at::mm(at::cat({dy, dlow}, 1), at::cat({weight, a}, 0));
+    } else {
+      dx = at::mm(dy, weight);
+      if (adapter) dx.addmm_(dlow, a);
+    }
   }
   if (needed[1]) dw = at::mm(dy.t(), x);
   if (needed[2]) db = dy.sum(0);
@@ -236,6 +264,50 @@ class SwiGlu : public torch::autograd::Function<SwiGlu> {
   }
 };
 
+// The residual add after attention and the post-attention RMSNorm: s = x + h, n = RMSNorm(s)·w.
+// Keeps s and the per-row 1/RMS; the backward returns one gradient, ds + the norm's, for both x
+// and h (autograd's sum of the residual and norm paths happens in the kernel).
+class AddRmsNorm : public torch::autograd::Function<AddRmsNorm> {
+ public:
+  // x, h (rows, W); weight (W) -> {s, n}
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& h, const at::Tensor& weight, double eps) {
+    auto rows = x.size(0), width = x.size(1);
+    auto s = at::empty_like(x), n = at::empty_like(x);
+    auto rstd = at::empty({rows}, x.options().dtype(at::kFloat));
+    auto xi = aligned(x), hi = aligned(h), w = aligned(weight);
+    AddNormArgs args{x.device().index(), address(xi), address(hi), address(w), address(s), address(n),
+                     address(rstd), 0, 0, 0, 0, rows, static_cast<int32_t>(width), static_cast<float>(eps)};
+    run(launchers.add_norm_forward, args);
+    ctx->save_for_backward({s, weight});
+    ctx->saved_data["rstd"] = rstd;
+    return {s, n};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    auto &s = saved[0], &weight = saved[1];
+    auto rows = s.size(0), width = s.size(1);
+    auto ds = grads[0].defined() ? aligned(grads[0].contiguous()) : at::Tensor();
+    if (!grads[1].defined()) {
+      auto d = ds.defined() ? ds : at::zeros_like(s);
+      return {d, d, at::Tensor(), at::Tensor()};
+    }
+    auto dn = aligned(grads[1].contiguous());
+    auto d = at::empty_like(s);
+    bool weight_trains = ctx->needs_input_grad(2);
+    auto part = weight_trains ? at::empty({norm_grad_blocks, width}, s.options().dtype(at::kFloat)) : at::Tensor();
+    auto w = aligned(weight);
+    auto rstd = ctx->saved_data["rstd"].toTensor();
+    AddNormArgs args{s.device().index(), 0, 0, address(w), address(s), 0, address(rstd), address(ds), address(dn),
+                     address(d), address(part), rows, static_cast<int32_t>(width), 0.0f};
+    run(launchers.add_norm_backward, args);
+    auto dw = weight_trains ? part.sum(0).to(weight.scalar_type()) : at::Tensor();
+    return {d, d, dw, at::Tensor()};
+  }
+};
+
 bool usable(const at::Tensor& t) {
   return t.is_cuda() && t.scalar_type() == at::kBFloat16 && t.is_contiguous() && t.dim() == 2;
 }
@@ -256,7 +328,8 @@ void trainq_fused_register(const Launchers* table, int64_t blocks) {
 }
 
 // qkv (N, (H + 2·KV)·D) bf16 contiguous on CUDA; q_weight / k_weight (D) or null; cos / sin
-// (N, D) bf16 contiguous or null (no RoPE). Writes q (N, H, D), k and v (N, KV, D).
+// (N, D) bf16 contiguous or null (no RoPE). Writes q (N, H, D) and k (N, KV, D), and v (N, KV, D)
+// as a view of qkv's v columns.
 char* trainq_qkv_norm_rope(const at::Tensor* qkv, const at::Tensor* q_weight, const at::Tensor* k_weight,
                            const at::Tensor* cos, const at::Tensor* sin, int64_t heads, int64_t kv_heads,
                            double eps, at::Tensor** q, at::Tensor** k, at::Tensor** v) {
@@ -267,6 +340,18 @@ char* trainq_qkv_norm_rope(const at::Tensor* qkv, const at::Tensor* q_weight, co
     *q = new at::Tensor(std::move(out[0]));
     *k = new at::Tensor(std::move(out[1]));
     *v = new at::Tensor(std::move(out[2]));
+  });
+}
+
+// x, h (rows, W) bf16 contiguous on CUDA, weight (W) -> s = x + h and n = RMSNorm(s) · weight.
+char* trainq_add_rms_norm(const at::Tensor* x, const at::Tensor* h, const at::Tensor* weight, double eps,
+                          at::Tensor** s, at::Tensor** n) {
+  return guarded([&] {
+    if (!usable(*x) || !usable(*h) || x->sizes() != h->sizes())
+      throw std::runtime_error("x and h must be contiguous 2-d bf16 CUDA tensors of one shape");
+    auto out = AddRmsNorm::apply(*x, *h, *weight, eps);
+    *s = new at::Tensor(std::move(out[0]));
+    *n = new at::Tensor(std::move(out[1]));
   });
 }
 

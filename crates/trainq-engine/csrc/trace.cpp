@@ -18,9 +18,11 @@ using torch::profiler::impl::ProfilerState;
 
 ProfilerConfig config() { return ProfilerConfig(ProfilerState::KINETO); }
 
-// CUDA kernels alone on a GPU (the summary reads only those, and the trace stays small);
-// operators on the CPU.
-std::set<ActivityType> activities(bool cuda) {
+// CUDA kernels alone on a GPU (the summary reads only those, and the trace stays small), plus
+// the CPU operators that launched them when `ops` (the summary then attributes kernels to
+// operators; recording them slows the host, so launch gaps read longer); operators on the CPU.
+std::set<ActivityType> activities(bool cuda, bool ops) {
+  if (cuda && ops) return {ActivityType::CUDA, ActivityType::CPU};
   if (cuda) return {ActivityType::CUDA};
   return {ActivityType::CPU};
 }
@@ -29,11 +31,13 @@ std::set<ActivityType> activities(bool cuda) {
 
 extern "C" {
 
-// Starts recording CUDA kernels when `cuda` is non-zero, else CPU operators.
-char* trainq_trace_start(int cuda) {
+// Starts recording CUDA kernels when `cuda` is non-zero (with the CPU operators too when `ops`
+// is non-zero), else CPU operators.
+char* trainq_trace_start(int cuda, int ops) {
   return guarded([&] {
-    torch::autograd::profiler::prepareProfiler(config(), activities(cuda != 0));
-    torch::autograd::profiler::enableProfiler(config(), activities(cuda != 0));
+    auto which = activities(cuda != 0, ops != 0);
+    torch::autograd::profiler::prepareProfiler(config(), which);
+    torch::autograd::profiler::enableProfiler(config(), which);
   });
 }
 

@@ -11,20 +11,21 @@ use crate::error::{Error, Result};
 
 #[cfg(trainq_trace)]
 extern "C" {
-    fn trainq_trace_start(cuda: i32) -> *mut std::ffi::c_char;
+    fn trainq_trace_start(cuda: i32, ops: i32) -> *mut std::ffi::c_char;
     fn trainq_trace_stop(path: *const std::ffi::c_char) -> *mut std::ffi::c_char;
 }
 
-/// Starts recording CUDA kernels when `cuda`, else CPU operators.
-pub fn start(cuda: bool) -> Result<()> {
+/// Starts recording CUDA kernels when `cuda` (and with `ops` the CPU operators that launch
+/// them, so each kernel can be traced to its operator), else CPU operators.
+pub fn start(cuda: bool, ops: bool) -> Result<()> {
     #[cfg(trainq_trace)]
     {
         // SAFETY: no arguments to keep alive; the shim catches every C++ exception.
-        check(unsafe { trainq_trace_start(i32::from(cuda)) })
+        check(unsafe { trainq_trace_start(i32::from(cuda), i32::from(ops)) })
     }
     #[cfg(not(trainq_trace))]
     {
-        let _ = cuda;
+        let _ = (cuda, ops);
         Err(not_built())
     }
 }
@@ -63,7 +64,7 @@ mod tests {
     fn a_trace_of_cpu_work_is_a_chrome_trace_that_names_its_operators() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("step.json");
-        super::start(false).unwrap();
+        super::start(false, false).unwrap();
         let a = Tensor::ones([64, 64], (Kind::Float, Device::Cpu));
         let _ = a.matmul(&a).sum(Kind::Float);
         super::stop(&path).unwrap();

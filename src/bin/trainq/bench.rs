@@ -84,6 +84,14 @@ pub(crate) struct TrainBenchArgs {
     /// `ops/bench/trace_summary.py`.
     #[arg(long)]
     trace: Option<std::path::PathBuf>,
+    /// With --trace, also record the CPU operators, so the summary can say which operator
+    /// launched each kernel (the host runs slower while recording, so idle gaps read longer).
+    #[arg(long, requires = "trace")]
+    trace_ops: bool,
+    /// With --trace, how many consecutive steps the trace records (2 or more show the gap
+    /// between steps, which one step's trace cannot).
+    #[arg(long, default_value_t = 1, requires = "trace")]
+    trace_steps: usize,
     /// Run the decoder layers' q/k norm + RoPE and SwiGLU as libtorch tensor ops instead of the
     /// fused kernels (for comparisons).
     #[arg(long)]
@@ -107,13 +115,15 @@ struct Memory {
     fused: bool,
 }
 
-/// How a row is timed: untimed warm-up steps, timed steps, and where to write the trace of one
-/// more step (if at all).
+/// How a row is timed: untimed warm-up steps, timed steps, and where to write the trace of
+/// `trace_steps` more steps (if at all), with or without the CPU operators.
 #[derive(Debug, Clone)]
 struct Timing {
     warmup: usize,
     steps: usize,
     trace: Option<std::path::PathBuf>,
+    trace_ops: bool,
+    trace_steps: usize,
 }
 
 /// The peer's standard table: shape, mode, seq, micro, checkpointing.
@@ -178,7 +188,13 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
             let ckpt = if ckpt { "-ckpt" } else { "" };
             dir.join(format!("{shape}-{mode}-{micro}x{seq}{ckpt}.json"))
         });
-        let timing = Timing { warmup: args.warmup, steps: args.steps, trace };
+        let timing = Timing {
+            warmup: args.warmup,
+            steps: args.steps,
+            trace,
+            trace_ops: args.trace_ops,
+            trace_steps: args.trace_steps,
+        };
         let result = bench_one(&shape, &mode, &work, memory, &timing, device, peak);
         let line = result.unwrap_or_else(
             |e| json!({"shape": shape, "mode": mode, "seq": seq, "micro": micro, "ckpt": ckpt, "error": format!("{e:#}")}),
@@ -239,8 +255,8 @@ fn bench_one(
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         }
-        trainq_engine::trace::start(device.is_cuda())?;
-        let traced = run_step();
+        trainq_engine::trace::start(device.is_cuda(), timing.trace_ops)?;
+        let traced = (0..timing.trace_steps.max(1)).try_for_each(|_| run_step());
         sync(device);
         trainq_engine::trace::stop(path)?;
         traced?;

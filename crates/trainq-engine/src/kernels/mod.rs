@@ -28,7 +28,10 @@ mod fused;
 mod softmax;
 
 pub use adamw::{fused_adamw_step, AdamWScalars};
-pub use fused::{FusedLaunchers, QkvArgs, SwiGluArgs, LAUNCHERS as FUSED_LAUNCHERS, NORM_GRAD_BLOCKS};
+pub use fused::{
+    AddNormArgs, FusedLaunchers, QkvArgs, SwiGluArgs, ADD_NORM_MAX_WIDTH, LAUNCHERS as FUSED_LAUNCHERS,
+    NORM_GRAD_BLOCKS,
+};
 pub use softmax::{onehot_minus_scaled_in_place, softmax_rows_in_place};
 
 use tch::Device;

@@ -62,23 +62,19 @@ impl FusedLinear {
             self.members.iter().map(|m| m.lora.as_ref().filter(|l| l.enabled.load(Ordering::Relaxed))).collect();
         let active: Vec<&LoraAdapter> = adapters.iter().flatten().copied().collect();
         let Some(first) = active.first() else { return Ok(None) };
-        let rank = first.lora_b.size()[1];
-        let width = rank * active.len() as i64;
         let a = Tensor::f_cat(&active.iter().map(|l| &l.lora_a).collect::<Vec<_>>(), 0)?;
-        let mut slot = 0;
-        let mut blocks = Vec::with_capacity(self.members.len());
-        for (member, adapter) in self.members.iter().zip(&adapters) {
-            blocks.push(match adapter {
-                // (out, r) -> (out, k·r), its own columns
-                Some(l) => {
-                    let padded = l.lora_b.f_constant_pad_nd([slot * rank, width - (slot + 1) * rank])?;
-                    slot += 1;
-                    padded
-                }
-                None => Tensor::f_zeros([member.weight.size()[0], width], (a.kind(), a.device()))?,
-            });
-        }
-        Ok(Some(LowRank { a, b: Tensor::f_cat(&blocks, 0)?, scale: first.scale }))
+        // (out, r) per adapter, (out, 0) for a member without one: one block_diag op (a zero fill
+        // and a copy per block) instead of a padded copy per member and a concatenation.
+        let blocks = self
+            .members
+            .iter()
+            .zip(&adapters)
+            .map(|(member, adapter)| match adapter {
+                Some(l) => Ok(l.lora_b.shallow_clone()),
+                None => Tensor::f_zeros([member.weight.size()[0], 0], (a.kind(), a.device())),
+            })
+            .collect::<TchResult<Vec<_>>>()?;
+        Ok(Some(LowRank { a, b: Tensor::f_block_diag(&blocks)?, scale: first.scale }))
     }
 }
 

@@ -1,7 +1,8 @@
 //! The decoder layer's fused ops with their own autograd (csrc/fused_ops.cpp, whose forward and
 //! backward launch `kernels::fused` or libtorch GEMMs): per-head q/k RMSNorm + RoPE from the fused
-//! q/k/v projection, SwiGLU from the fused gate/up projection, and projections with their LoRA
-//! adapter whose input gradient is one GEMM plus an epilogue. On CUDA in bf16 when the
+//! q/k/v projection, SwiGLU from the fused gate/up projection, projections with their LoRA
+//! adapter whose input gradient is one GEMM plus an epilogue, and the residual add after
+//! attention with the post-attention RMSNorm. On CUDA in bf16 when the
 //! shim was built and the kernels compile; [`available`] says when, and the layers fall back to
 //! the tensor-op composites otherwise. One of the few `unsafe` modules (shim calls).
 #![allow(unsafe_code)]
@@ -33,6 +34,14 @@ extern "C" {
         v: *mut *mut c_void,
     ) -> *mut c_char;
     fn trainq_swiglu(gate_up: *const c_void, out: *mut *mut c_void) -> *mut c_char;
+    fn trainq_add_rms_norm(
+        x: *const c_void,
+        h: *const c_void,
+        weight: *const c_void,
+        eps: f64,
+        s: *mut *mut c_void,
+        n: *mut *mut c_void,
+    ) -> *mut c_char;
     #[allow(clippy::too_many_arguments)]
     fn trainq_projection(
         x: *const c_void,
@@ -86,7 +95,7 @@ pub(crate) struct QkvSpec<'a> {
 }
 
 /// qkv (N, (H + 2·KV)·D) -> q (N, H, D), k and v (N, KV, D): q and k normed per head (when
-/// `norms`) and rotated.
+/// `norms`) and rotated; v is a view of qkv's v columns (rows (H + 2·KV)·D apart), not a copy.
 pub(crate) fn qkv_norm_rope(qkv: &Tensor, spec: &QkvSpec<'_>) -> TchResult<(Tensor, Tensor, Tensor)> {
     #[cfg(trainq_fused)]
     {
@@ -138,6 +147,32 @@ pub(crate) fn swiglu(gate_up: &Tensor) -> TchResult<Tensor> {
     #[cfg(not(trainq_fused))]
     {
         let _ = gate_up;
+        Err(not_built())
+    }
+}
+
+/// Whether [`add_rms_norm`] takes rows of `width` (a multiple of 8 up to the kernels' widest).
+pub(crate) fn add_rms_norm_fits(width: i64) -> bool {
+    width % 8 == 0 && width <= crate::kernels::ADD_NORM_MAX_WIDTH
+}
+
+/// x, h (rows, W) -> (x + h, RMSNorm(x + h) · weight) as one autograd node: one pass each way,
+/// the backward adding the residual path's gradient to the norm's.
+pub(crate) fn add_rms_norm(x: &Tensor, h: &Tensor, weight: &Tensor, eps: f64) -> TchResult<(Tensor, Tensor)> {
+    #[cfg(trainq_fused)]
+    {
+        let (x, h) = (x.f_contiguous()?, h.f_contiguous()?);
+        let (mut s, mut n) = (std::ptr::null_mut(), std::ptr::null_mut());
+        // SAFETY: as in `qkv_norm_rope`.
+        check(unsafe {
+            trainq_add_rms_norm(x.as_ptr().cast(), h.as_ptr().cast(), weight.as_ptr().cast(), eps, &mut s, &mut n)
+        })?;
+        // SAFETY: two `new at::Tensor`s handed over to us.
+        Ok(unsafe { (Tensor::from_ptr(s.cast()), Tensor::from_ptr(n.cast())) })
+    }
+    #[cfg(not(trainq_fused))]
+    {
+        let _ = (x, h, weight, eps);
         Err(not_built())
     }
 }

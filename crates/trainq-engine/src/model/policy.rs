@@ -41,6 +41,11 @@ pub struct Policy {
     /// The last forward's deferred `lm_head` gradient (full fine-tune), until
     /// [`Policy::finish_backward`].
     pending_head: Mutex<Option<PendingLmHeadGrad>>,
+    /// The trainable variables with their names, sorted: fixed once the model is built (loads
+    /// fill the same tensors) and read twice a step, so listed once rather than rebuilt from the
+    /// var store's name map (every variable's name copied, then a sort) while the GPU waits at
+    /// the start of each step.
+    trainable: Vec<(String, Tensor)>,
 }
 
 /// Facts about a batch read on the host before it was copied to the device, so the forward
@@ -138,6 +143,9 @@ impl Policy {
         });
         let lm = CausalLm::new(&vs.root(), cfg, &init, spec.as_ref())?;
         let (saved, pending_head) = (Mutex::new(None), Mutex::new(None));
+        let mut trainable: Vec<(String, Tensor)> =
+            vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
+        trainable.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Policy {
             vs,
             cfg: cfg.clone(),
@@ -151,6 +159,7 @@ impl Policy {
             temperature: 1.0,
             saved,
             pending_head,
+            trainable,
         })
     }
 
@@ -342,15 +351,12 @@ impl Policy {
 
     /// The variables the optimizer updates (LoRA A/B, or every weight for a full fine-tune).
     pub fn trainable_variables(&self) -> Vec<Tensor> {
-        self.named_trainable_variables().into_iter().map(|(_, t)| t).collect()
+        self.trainable.iter().map(|(_, t)| t.shallow_clone()).collect()
     }
 
     /// The trainable variables with their names (HF/PEFT keys without PEFT's prefix), sorted.
     pub fn named_trainable_variables(&self) -> Vec<(String, Tensor)> {
-        let mut vars: Vec<(String, Tensor)> =
-            self.vs.variables().into_iter().filter(|(_, t)| t.requires_grad()).collect();
-        vars.sort_by(|a, b| a.0.cmp(&b.0));
-        vars
+        self.trainable.iter().map(|(name, t)| (name.clone(), t.shallow_clone())).collect()
     }
 
     /// Every variable with its name (HF/PEFT keys), sorted.

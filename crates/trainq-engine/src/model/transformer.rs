@@ -5,7 +5,7 @@ use tch::{nn, Kind, Tensor};
 
 use super::flash_varlen::{flash_varlen, CuSeqlens};
 use super::fused_linear::FusedLinear;
-use super::fused_ops::{projection, qkv_norm_rope, swiglu, QkvSpec};
+use super::fused_ops::{add_rms_norm, add_rms_norm_fits, projection, qkv_norm_rope, swiglu, QkvSpec};
 use super::hf_config::{Architecture, HfConfig};
 use super::layers::{output_size, Init, Linear, LoraSpec, RmsNorm, RopeTables, RotaryEmbedding, TchResult};
 
@@ -186,8 +186,20 @@ impl DecoderLayer {
     }
 
     pub(super) fn forward(&self, x: &Tensor, rope: &RopeTables, layout: &DocumentLayout) -> TchResult<Tensor> {
-        let x = x.f_add(&self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, layout)?)?;
-        x.f_add(&self.mlp.forward(&self.post_attention_layernorm.forward(&x)?, rope.fused())?)
+        let attn = self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, layout)?;
+        let norm = &self.post_attention_layernorm;
+        let (x, normed) = if rope.fused() && add_rms_norm_fits(norm.weight.size()[0]) {
+            // (B, L, hidden) -> (B·L, hidden): the residual add and the norm in one fused op
+            let size = x.size();
+            let rows = |t: &Tensor| t.f_reshape([-1, norm.weight.size()[0]]);
+            let (sum, normed) = add_rms_norm(&rows(x)?, &rows(&attn)?, &norm.weight, norm.eps)?;
+            (sum.f_view(size.as_slice())?, normed.f_view(size.as_slice())?)
+        } else {
+            let x = x.f_add(&attn)?;
+            let normed = norm.forward(&x)?;
+            (x, normed)
+        };
+        x.f_add(&self.mlp.forward(&normed, rope.fused())?)
     }
 }
 

@@ -10,6 +10,7 @@ pub mod adamw;
 pub mod batch_tensors;
 pub mod data_parallel;
 mod flat_params;
+pub mod gradients;
 pub mod ranks;
 pub mod trainer;
 

@@ -99,7 +99,7 @@ impl Trainer {
         count as f64
     }
 
-    /// Zeroes the gradients, then runs forward and backward over every micro-batch with the
+    /// Drops the gradients, then runs forward and backward over every micro-batch with the
     /// global `normalizer`, leaving the summed gradients on the trainable variables. Returns the
     /// loss parts summed over the micro-batches (detached, still on the device).
     pub fn accumulate_gradients(
@@ -111,9 +111,7 @@ impl Trainer {
         if normalizer <= 0.0 {
             return Err(Error::Tokenize("the step has no trained tokens".into()));
         }
-        for mut v in model.trainable_variables() {
-            v.zero_grad();
-        }
+        super::gradients::clear(&model.trainable_variables())?;
         model.set_logit_temperature(self.loss.sampler_temperature);
         let mut totals = LossOutput::zeros(self.device);
         for batch in batches {
