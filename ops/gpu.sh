@@ -10,7 +10,9 @@
 #   bash ops/gpu.sh profile [ARGS]  # there: one step of `trainq bench train ARGS` under Nsight
 #                             # Compute (kernel durations only), summed by kernel family and name
 #   bash ops/gpu.sh trace ARGS  # there: one `trainq bench train ARGS` row plus one step traced by
-#                             # libtorch's profiler; appends the row to trainq.jsonl and the
+#                             # libtorch's profiler (ARGS may add --trace-ops: kernels summed by
+#                             # the operator that launched them; --trace-steps N: N steps in a
+#                             # row); appends the row to trainq.jsonl and the
 #                             # trace's summary (ops/bench/trace_summary.py) to profile.md; the
 #                             # traces go to $OUT/traces.tar.xz at the end of each call of the verb
 #   bash ops/gpu.sh wide      # there: shapes beyond the standard table (4B, 1.7B full, 8B without
