@@ -19,10 +19,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/grads.cpp");
     println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rustc-check-cfg=cfg(trainq_flash_varlen)");
-    println!("cargo:rustc-check-cfg=cfg(trainq_offload)");
-    println!("cargo:rustc-check-cfg=cfg(trainq_trace)");
-    println!("cargo:rustc-check-cfg=cfg(trainq_fused)");
-    println!("cargo:rustc-check-cfg=cfg(trainq_grads)");
+    println!("cargo:rustc-check-cfg=cfg(trainq_shim)");
     let Some(libtorch) = std::env::var_os("LIBTORCH").map(PathBuf::from) else {
         return;
     };
@@ -50,10 +47,9 @@ fn main() {
         );
     }
     build.compile("trainq_shim");
-    println!("cargo:rustc-cfg=trainq_offload");
-    println!("cargo:rustc-cfg=trainq_trace");
-    println!("cargo:rustc-cfg=trainq_fused");
-    println!("cargo:rustc-cfg=trainq_grads");
+    // One cfg for every file above (built together); flash_varlen has its own (its header may
+    // be missing).
+    println!("cargo:rustc-cfg=trainq_shim");
     if flash {
         println!("cargo:rustc-cfg=trainq_flash_varlen");
     }

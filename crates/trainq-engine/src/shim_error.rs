@@ -3,16 +3,16 @@
 //! calls the shim reads its errors through [`message`] (or [`check`]). One of the few `unsafe` modules.
 #![allow(unsafe_code)]
 
-#[cfg(trainq_offload)]
+#[cfg(trainq_shim)]
 use std::ffi::{c_char, CStr};
 
-#[cfg(trainq_offload)]
+#[cfg(trainq_shim)]
 extern "C" {
     fn trainq_free_message(message: *mut c_char);
 }
 
 /// `None` when `error` is null (success); otherwise its message, after releasing it.
-#[cfg(trainq_offload)]
+#[cfg(trainq_shim)]
 pub(crate) fn message(error: *mut c_char) -> Option<String> {
     if error.is_null() {
         return None;
@@ -25,7 +25,7 @@ pub(crate) fn message(error: *mut c_char) -> Option<String> {
 }
 
 /// [`message`] as a libtorch error of the model's calls: `what: message`.
-#[cfg(trainq_offload)]
+#[cfg(trainq_shim)]
 pub(crate) fn check(error: *mut c_char, what: &str) -> Result<(), tch::TchError> {
     message(error).map_or(Ok(()), |m| Err(tch::TchError::Torch(format!("{what}: {m}"))))
 }

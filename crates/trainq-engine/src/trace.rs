@@ -9,7 +9,7 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
-#[cfg(trainq_trace)]
+#[cfg(trainq_shim)]
 extern "C" {
     fn trainq_trace_start(cuda: i32, ops: i32) -> *mut std::ffi::c_char;
     fn trainq_trace_stop(path: *const std::ffi::c_char) -> *mut std::ffi::c_char;
@@ -18,12 +18,12 @@ extern "C" {
 /// Starts recording CUDA kernels when `cuda` (and with `ops` the CPU operators that launch
 /// them, so each kernel can be traced to its operator), else CPU operators.
 pub fn start(cuda: bool, ops: bool) -> Result<()> {
-    #[cfg(trainq_trace)]
+    #[cfg(trainq_shim)]
     {
         // SAFETY: no arguments to keep alive; the shim catches every C++ exception.
         check(unsafe { trainq_trace_start(i32::from(cuda), i32::from(ops)) })
     }
-    #[cfg(not(trainq_trace))]
+    #[cfg(not(trainq_shim))]
     {
         let _ = (cuda, ops);
         Err(not_built())
@@ -32,31 +32,31 @@ pub fn start(cuda: bool, ops: bool) -> Result<()> {
 
 /// Stops recording and writes the trace (Chrome JSON) to `path`.
 pub fn stop(path: &Path) -> Result<()> {
-    #[cfg(trainq_trace)]
+    #[cfg(trainq_shim)]
     {
         let c_path = std::ffi::CString::new(path.to_string_lossy().into_owned())
             .map_err(|_| Error::config("trace", format!("path {} holds a NUL byte", path.display())))?;
         // SAFETY: `c_path` outlives the call; the shim catches every C++ exception.
         check(unsafe { trainq_trace_stop(c_path.as_ptr()) })
     }
-    #[cfg(not(trainq_trace))]
+    #[cfg(not(trainq_shim))]
     {
         let _ = path;
         Err(not_built())
     }
 }
 
-#[cfg(trainq_trace)]
+#[cfg(trainq_shim)]
 fn check(error: *mut std::ffi::c_char) -> Result<()> {
     crate::shim_error::message(error).map_or(Ok(()), |message| Err(Error::config("trace", message)))
 }
 
-#[cfg(not(trainq_trace))]
+#[cfg(not(trainq_shim))]
 fn not_built() -> Error {
     Error::config("trace", "the profiler shim was not built (no LIBTORCH at build time)")
 }
 
-#[cfg(all(test, trainq_trace))]
+#[cfg(all(test, trainq_shim))]
 mod tests {
     use tch::{Device, Kind, Tensor};
 

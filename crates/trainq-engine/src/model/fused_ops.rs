@@ -7,16 +7,16 @@
 //! the tensor-op composites otherwise. One of the few `unsafe` modules (shim calls).
 #![allow(unsafe_code)]
 
-#[cfg(trainq_fused)]
+#[cfg(trainq_shim)]
 use std::ffi::{c_char, c_void};
-#[cfg(trainq_fused)]
+#[cfg(trainq_shim)]
 use std::sync::OnceLock;
 
 use tch::{Device, Kind, Tensor};
 
 use super::layers::{LowRank, TchResult};
 
-#[cfg(trainq_fused)]
+#[cfg(trainq_shim)]
 extern "C" {
     fn trainq_fused_register(table: *const crate::kernels::FusedLaunchers, blocks: i64);
     #[allow(clippy::too_many_arguments)]
@@ -58,7 +58,7 @@ extern "C" {
 /// Whether the fused ops can run on `device` in `kind`: CUDA, bf16, the shim built, and the
 /// kernels compiled (once per process; the launchers are registered with the shim then).
 pub(crate) fn available(device: Device, kind: Kind) -> bool {
-    #[cfg(trainq_fused)]
+    #[cfg(trainq_shim)]
     {
         static REGISTERED: OnceLock<bool> = OnceLock::new();
         if kind != Kind::BFloat16 || !device.is_cuda() {
@@ -75,7 +75,7 @@ pub(crate) fn available(device: Device, kind: Kind) -> bool {
             ok
         })
     }
-    #[cfg(not(trainq_fused))]
+    #[cfg(not(trainq_shim))]
     {
         let _ = (device, kind);
         false
@@ -97,7 +97,7 @@ pub(crate) struct QkvSpec<'a> {
 /// qkv (N, (H + 2·KV)·D) -> q (N, H, D), k and v (N, KV, D): q and k normed per head (when
 /// `norms`) and rotated; v is a view of qkv's v columns (rows (H + 2·KV)·D apart), not a copy.
 pub(crate) fn qkv_norm_rope(qkv: &Tensor, spec: &QkvSpec<'_>) -> TchResult<(Tensor, Tensor, Tensor)> {
-    #[cfg(trainq_fused)]
+    #[cfg(trainq_shim)]
     {
         let qkv = qkv.f_contiguous()?;
         let (cos, sin) = (spec.cos_sin.0.f_contiguous()?, spec.cos_sin.1.f_contiguous()?);
@@ -126,7 +126,7 @@ pub(crate) fn qkv_norm_rope(qkv: &Tensor, spec: &QkvSpec<'_>) -> TchResult<(Tens
         // SAFETY: three `new at::Tensor`s handed over to us; tch frees them on drop.
         Ok(unsafe { (Tensor::from_ptr(q.cast()), Tensor::from_ptr(k.cast()), Tensor::from_ptr(v.cast())) })
     }
-    #[cfg(not(trainq_fused))]
+    #[cfg(not(trainq_shim))]
     {
         let _ = (qkv, spec);
         Err(not_built())
@@ -135,7 +135,7 @@ pub(crate) fn qkv_norm_rope(qkv: &Tensor, spec: &QkvSpec<'_>) -> TchResult<(Tens
 
 /// gate_up (N, 2I) -> silu(gate) · up (N, I).
 pub(crate) fn swiglu(gate_up: &Tensor) -> TchResult<Tensor> {
-    #[cfg(trainq_fused)]
+    #[cfg(trainq_shim)]
     {
         let gate_up = gate_up.f_contiguous()?;
         let mut out = std::ptr::null_mut();
@@ -144,7 +144,7 @@ pub(crate) fn swiglu(gate_up: &Tensor) -> TchResult<Tensor> {
         // SAFETY: a `new at::Tensor` handed over to us.
         Ok(unsafe { Tensor::from_ptr(out.cast()) })
     }
-    #[cfg(not(trainq_fused))]
+    #[cfg(not(trainq_shim))]
     {
         let _ = gate_up;
         Err(not_built())
@@ -159,7 +159,7 @@ pub(crate) fn add_rms_norm_fits(width: i64) -> bool {
 /// x, h (rows, W) -> (x + h, RMSNorm(x + h) · weight) as one autograd node: one pass each way,
 /// the backward adding the residual path's gradient to the norm's.
 pub(crate) fn add_rms_norm(x: &Tensor, h: &Tensor, weight: &Tensor, eps: f64) -> TchResult<(Tensor, Tensor)> {
-    #[cfg(trainq_fused)]
+    #[cfg(trainq_shim)]
     {
         let (x, h) = (x.f_contiguous()?, h.f_contiguous()?);
         let (mut s, mut n) = (std::ptr::null_mut(), std::ptr::null_mut());
@@ -170,7 +170,7 @@ pub(crate) fn add_rms_norm(x: &Tensor, h: &Tensor, weight: &Tensor, eps: f64) ->
         // SAFETY: two `new at::Tensor`s handed over to us.
         Ok(unsafe { (Tensor::from_ptr(s.cast()), Tensor::from_ptr(n.cast())) })
     }
-    #[cfg(not(trainq_fused))]
+    #[cfg(not(trainq_shim))]
     {
         let _ = (x, h, weight, eps);
         Err(not_built())
@@ -188,7 +188,7 @@ pub(crate) fn projection(
     lora: Option<&LowRank>,
     swiglu: bool,
 ) -> TchResult<Tensor> {
-    #[cfg(trainq_fused)]
+    #[cfg(trainq_shim)]
     {
         let x = x.f_contiguous()?;
         let mut out = std::ptr::null_mut();
@@ -208,25 +208,25 @@ pub(crate) fn projection(
         // SAFETY: a `new at::Tensor` handed over to us.
         Ok(unsafe { Tensor::from_ptr(out.cast()) })
     }
-    #[cfg(not(trainq_fused))]
+    #[cfg(not(trainq_shim))]
     {
         let _ = (x, weight, bias, lora, swiglu);
         Err(not_built())
     }
 }
 
-#[cfg(trainq_fused)]
+#[cfg(trainq_shim)]
 fn check(error: *mut c_char) -> TchResult<()> {
     crate::shim_error::check(error, "fused op")
 }
 
 /// The shim's pointer to an optional tensor: the tensor, or null.
-#[cfg(trainq_fused)]
+#[cfg(trainq_shim)]
 fn optional_ptr(t: Option<&Tensor>) -> *const c_void {
     t.map_or(std::ptr::null(), |t| t.as_ptr().cast())
 }
 
-#[cfg(not(trainq_fused))]
+#[cfg(not(trainq_shim))]
 fn not_built() -> tch::TchError {
     tch::TchError::Torch("the fused ops were not built (no LIBTORCH at build time)".into())
 }

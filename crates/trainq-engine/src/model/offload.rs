@@ -6,7 +6,7 @@
 //! kernels/, collective/nccl and flash_varlen).
 #![allow(unsafe_code)]
 
-#[cfg(trainq_offload)]
+#[cfg(trainq_shim)]
 use std::ffi::c_char;
 use std::ffi::c_void;
 
@@ -14,7 +14,7 @@ use tch::{Device, Tensor};
 
 use super::layers::TchResult;
 
-#[cfg(trainq_offload)]
+#[cfg(trainq_shim)]
 extern "C" {
     fn trainq_offload_to_host(src: *const c_void, out: *mut *mut c_void) -> *mut c_char;
     fn trainq_offload_prefetch(
@@ -30,7 +30,7 @@ extern "C" {
 /// Starts moving `t` to host memory (pinned, asynchronous on CUDA) and returns the host tensor.
 pub(crate) fn to_host(t: &Tensor) -> TchResult<Tensor> {
     match t.device() {
-        #[cfg(trainq_offload)]
+        #[cfg(trainq_shim)]
         Device::Cuda(_) => {
             let mut out = std::ptr::null_mut();
             // SAFETY: `t` is a live tch tensor (at::Tensor*) for the call; the shim catches every
@@ -57,7 +57,7 @@ unsafe impl Send for Prefetched {}
 /// Starts copying host tensor `host` (from [`to_host`]) back to `device`.
 pub(crate) fn prefetch(host: &Tensor, device: Device) -> TchResult<Prefetched> {
     match device {
-        #[cfg(trainq_offload)]
+        #[cfg(trainq_shim)]
         Device::Cuda(index) => {
             let (mut out, mut ready) = (std::ptr::null_mut(), std::ptr::null_mut());
             // SAFETY: as in `to_host`; on success the shim hands over a new tensor and an event.
@@ -73,7 +73,7 @@ pub(crate) fn prefetch(host: &Tensor, device: Device) -> TchResult<Prefetched> {
 impl Prefetched {
     /// Makes the device's current stream wait for the copy and returns the tensor.
     pub(crate) fn wait(mut self) -> TchResult<Tensor> {
-        #[cfg(trainq_offload)]
+        #[cfg(trainq_shim)]
         if let Some((ready, index)) = self.ready.take() {
             // SAFETY: `ready` came from trainq_offload_prefetch and is consumed here, once.
             check(unsafe { trainq_offload_wait(ready, index) })?;
@@ -84,7 +84,7 @@ impl Prefetched {
 
 impl Drop for Prefetched {
     fn drop(&mut self) {
-        #[cfg(trainq_offload)]
+        #[cfg(trainq_shim)]
         if let Some((ready, _)) = self.ready.take() {
             // SAFETY: an event nothing waited for, freed once.
             unsafe { trainq_offload_forget(ready) };
@@ -92,7 +92,7 @@ impl Drop for Prefetched {
     }
 }
 
-#[cfg(trainq_offload)]
+#[cfg(trainq_shim)]
 fn check(error: *mut c_char) -> TchResult<()> {
     crate::shim_error::check(error, "activation offloading")
 }

@@ -11,14 +11,14 @@ use tch::Tensor;
 
 use crate::error::{Error, Result};
 
-#[cfg(trainq_grads)]
+#[cfg(trainq_shim)]
 extern "C" {
     fn trainq_clear_grads(tensors: *const *const std::ffi::c_void, n: i64) -> *mut std::ffi::c_char;
 }
 
 /// Leaves every tensor of `vars` without a gradient (zeroes them where the shim is not built).
 pub fn clear(vars: &[Tensor]) -> Result<()> {
-    #[cfg(trainq_grads)]
+    #[cfg(trainq_shim)]
     {
         let pointers: Vec<*const std::ffi::c_void> = vars.iter().map(|v| v.as_ptr().cast()).collect();
         // SAFETY: `pointers` are live tensors borrowed from `vars` for the call; the shim only
@@ -26,7 +26,7 @@ pub fn clear(vars: &[Tensor]) -> Result<()> {
         let error = unsafe { trainq_clear_grads(pointers.as_ptr(), pointers.len() as i64) };
         crate::shim_error::check(error, "trainq_clear_grads").map_err(Error::torch("clear gradients"))
     }
-    #[cfg(not(trainq_grads))]
+    #[cfg(not(trainq_shim))]
     {
         for v in vars {
             v.shallow_clone().zero_grad();
@@ -35,7 +35,7 @@ pub fn clear(vars: &[Tensor]) -> Result<()> {
     }
 }
 
-#[cfg(all(test, trainq_grads))]
+#[cfg(all(test, trainq_shim))]
 mod tests {
     use tch::{Device, Kind, Tensor};
 
