@@ -40,6 +40,10 @@ pub(crate) struct TrainBenchArgs {
     /// Sequences per micro-batch.
     #[arg(long, default_value_t = 4)]
     micro: i64,
+    /// Micro-batches per step (gradient accumulation), as the worker's steps hold many: plain
+    /// rows train this many micro-batches, --packed documents fill `seq × micro × this` tokens.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(1..))]
+    accumulate: i64,
     /// Activation checkpointing (recompute each decoder layer in backward).
     #[arg(long)]
     ckpt: bool,
@@ -103,6 +107,8 @@ pub(crate) struct TrainBenchArgs {
 struct Workload {
     seq: i64,
     micro: i64,
+    /// Micro-batches per step (plain rows); packed documents already fill that many.
+    accumulate: i64,
     /// Document lengths of a packed step; `None`: `micro` full rows of one document each.
     docs: Option<Vec<i64>>,
 }
@@ -178,15 +184,18 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
     let bounds = (args.doc_min, args.doc_max);
     let mut dumped = Vec::new();
     for (shape, mode, seq, micro, ckpt) in plan {
-        let docs = args.packed.then(|| super::bench_docs::document_lengths(seq * micro, bounds, seq, args.seed));
+        let budget = seq * micro * args.accumulate;
+        let docs = args.packed.then(|| super::bench_docs::document_lengths(budget, bounds, seq, args.seed));
         if let Some(docs) = &docs {
             dumped.push(super::bench_docs::docs_json(docs, seq, micro, bounds));
         }
-        let work = Workload { seq, micro, docs };
+        let work = Workload { seq, micro, accumulate: args.accumulate, docs };
         let memory = Memory { ckpt, offload: ckpt && args.offload, fused: !args.no_fused };
         let trace = args.trace.as_ref().map(|dir| {
             let ckpt = if ckpt { "-ckpt" } else { "" };
-            dir.join(format!("{shape}-{mode}-{micro}x{seq}{ckpt}.json"))
+            let packed = if args.packed { "-packed" } else { "" };
+            let accumulate = if args.accumulate > 1 { format!("-acc{}", args.accumulate) } else { String::new() };
+            dir.join(format!("{shape}-{mode}-{micro}x{seq}{ckpt}{packed}{accumulate}.json"))
         });
         let timing = Timing {
             warmup: args.warmup,
@@ -233,7 +242,10 @@ fn bench_one(
         Some(docs) => {
             (super::bench_docs::packed_batches(docs, seq, micro, hf.vocab_size, 0)?, docs.iter().sum::<i64>())
         }
-        None => (vec![random_batch(micro, seq, hf.vocab_size)], micro * seq),
+        None => {
+            let batches = (0..work.accumulate).map(|_| random_batch(micro, seq, hf.vocab_size)).collect();
+            (batches, micro * seq * work.accumulate)
+        }
     };
     let padded_tokens: usize = batches.iter().map(|b| b.rows * b.cols).sum();
     let mut run_step = || -> Result<()> {
@@ -272,7 +284,8 @@ fn bench_one(
     let factor = if mode == "full" { 3.0 } else { 2.0 } + if ckpt { 1.0 } else { 0.0 };
     let tflops = fwd * factor * tokens / 1e12;
     let mut res = json!({
-        "impl": "trainq", "shape": shape, "mode": mode, "seq": seq, "micro": micro, "ckpt": ckpt,
+        "impl": "trainq", "shape": shape, "mode": mode, "seq": seq, "micro": micro,
+        "accumulate": work.accumulate, "ckpt": ckpt,
         "offload": offload, "fused_ops": policy.fused_ops_active(), "params_b": (n_params as f64 / 1e7).round() / 100.0, "tokens_per_s": tokens.round(),
         "step_s": (dt * 1e4).round() / 1e4, "model_tflops": (tflops * 10.0).round() / 10.0,
         "peak_mem_gib": device_memory_used_gib(device),
