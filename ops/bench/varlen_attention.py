@@ -117,8 +117,16 @@ class CudnnRagged:
         self.dims = (docs, max_len, heads, kv_heads, dim, v_row)
         self.scale = 1.0 / math.sqrt(dim)
         self.uid = {}
-        self.fwd = self.build(backward=False)
-        self.bwd = self.build(backward=True)
+        # Stats (the softmax's log-sum-exp, kept for backward) ragged (T, H) like flash's, else
+        # dense (B, H, S) when this cuDNN declines ragged stats.
+        try:
+            self.ragged_stats = True
+            self.fwd = self.build(backward=False)
+            self.bwd = self.build(backward=True)
+        except Exception:
+            self.ragged_stats = False
+            self.fwd = self.build(backward=False)
+            self.bwd = self.build(backward=True)
 
     def tensor(self, graph, name, dims, stride, dtype=None, ragged=None):
         uid = self.uid.setdefault(name, len(self.uid) + 1)
@@ -136,7 +144,7 @@ class CudnnRagged:
                               compute_data_type=cudnn.data_type.FLOAT, handle=self.handle)
         one = (1, 1, 1, 1)
         offsets = {n: self.tensor(graph, f"off_{n}", (b + 1, 1, 1, 1), one, cudnn.data_type.INT64)
-                   for n in ("q", "k", "v")}
+                   for n in ("q", "k", "v", "stats")[: 4 if self.ragged_stats else 3]}
         q = self.tensor(graph, "q", (b, h, s, d), (s * h * d, d, h * d, 1), ragged=offsets["q"])
         k = self.tensor(graph, "k", (b, kv, s, d), (s * kv * d, d, kv * d, 1), ragged=offsets["k"])
         v = self.tensor(graph, "v", (b, kv, s, d), (s * v_row, d, v_row, 1), ragged=offsets["v"])
@@ -144,17 +152,21 @@ class CudnnRagged:
         mask = dict(attn_scale=self.scale, use_causal_mask=True, use_padding_mask=True,
                     seq_len_q=seq, seq_len_kv=seq)
         q_dims, q_stride = (b, h, s, d), (s * h * d, d, h * d, 1)
-        stats_dims, stats_stride = (b, h, s, 1), (h * s, s, 1, 1)
+        stats_dims = (b, h, s, 1)
+        stats_stride = (s * h, 1, h, 1) if self.ragged_stats else (h * s, s, 1, 1)
+        stats_ragged = offsets["stats"] if self.ragged_stats else None
         if not backward:
             o, stats = graph.sdpa(name="sdpa", q=q, k=k, v=v, generate_stats=True, **mask)
             o.set_output(True).set_dim(q_dims).set_stride(q_stride).set_uid(self.uid.setdefault("o", len(self.uid) + 1))
             o.set_ragged_offset(offsets["q"])
             stats.set_output(True).set_dim(stats_dims).set_stride(stats_stride).set_data_type(cudnn.data_type.FLOAT)
             stats.set_uid(self.uid.setdefault("stats", len(self.uid) + 1))
+            if stats_ragged is not None:
+                stats.set_ragged_offset(stats_ragged)
         else:
             o = self.tensor(graph, "o", q_dims, q_stride, ragged=offsets["q"])
             do = self.tensor(graph, "do", q_dims, q_stride, ragged=offsets["q"])
-            stats = self.tensor(graph, "stats", stats_dims, stats_stride, cudnn.data_type.FLOAT)
+            stats = self.tensor(graph, "stats", stats_dims, stats_stride, cudnn.data_type.FLOAT, stats_ragged)
             dq, dk, dv = graph.sdpa_backward(name="sdpa_backward", q=q, k=k, v=v, o=o, dO=do, stats=stats, **mask)
             kv_dims, kv_stride = (b, kv, s, d), (s * kv * d, d, kv * d, 1)
             for t, name, dims, stride in ((dq, "dq", q_dims, q_stride), (dk, "dk", kv_dims, kv_stride),
@@ -180,8 +192,10 @@ class CudnnRagged:
         b, s, h, kv, d, v_row = self.dims
         offsets = {"off_q": (cu * h * d).view(-1, 1, 1, 1), "off_k": (cu * kv * d).view(-1, 1, 1, 1),
                    "off_v": (cu * v_row).view(-1, 1, 1, 1)}
+        if self.ragged_stats:
+            offsets["off_stats"] = (cu * h).view(-1, 1, 1, 1)
         o = torch.empty_like(q)
-        stats = torch.empty(b, h, s, 1, dtype=torch.float32, device="cuda")
+        stats = torch.empty(q.shape[0] * h if self.ragged_stats else b * h * s, dtype=torch.float32, device="cuda")
         self.run(self.fwd, {"q": q, "k": k, "v": v, "seq": seq, "o": o, "stats": stats, **offsets})
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
         self.run(self.bwd, {"q": q, "k": k, "v": v, "seq": seq, "o": o, "do": grad, "stats": stats,
@@ -235,6 +249,7 @@ def case(name, total, rows, lengths, heads, kv_heads, dim, strided_v, iters, che
         started = time.perf_counter()
         frontend = CudnnRagged(len(lengths), max_len, heads, kv_heads, dim, v.stride(0))
         row["frontend_build_s"] = round(time.perf_counter() - started, 3)
+        row["frontend_ragged_stats"] = frontend.ragged_stats
         seq = torch.tensor(lengths, dtype=torch.int32, device="cuda").view(-1, 1, 1, 1)
         lengths_cu = (seq, cu.long())
         qd, kd, vd = (t.detach() for t in (q, k, v))

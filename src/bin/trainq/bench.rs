@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
-use trainq_engine::model::{HfConfig, Policy};
+use trainq_engine::model::{packed_attention_kernel, HfConfig, PackedAttention, Policy};
 use trainq_engine::tokenize::MicroBatch;
 use trainq_engine::train::Trainer;
 use trainq_queue::config::{LoraConfig, TrainConfig};
@@ -100,6 +100,10 @@ pub(crate) struct TrainBenchArgs {
     /// fused kernels (for comparisons).
     #[arg(long)]
     no_fused: bool,
+    /// With --packed, attend over the documents with variable-length flash attention instead
+    /// of cuDNN's ragged kernel (for comparisons).
+    #[arg(long, requires = "packed")]
+    flash_varlen: bool,
 }
 
 /// What one benchmark row trains on.
@@ -113,12 +117,14 @@ struct Workload {
     docs: Option<Vec<i64>>,
 }
 
-/// Activation memory settings of a row, and whether the fused layer ops run.
+/// Activation memory settings of a row, whether the fused layer ops run, and whether packed
+/// rows take flash varlen instead of cuDNN.
 #[derive(Debug, Clone, Copy)]
 struct Memory {
     ckpt: bool,
     offload: bool,
     fused: bool,
+    flash_varlen: bool,
 }
 
 /// How a row is timed: untimed warm-up steps, timed steps, and where to write the trace of
@@ -190,7 +196,8 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
             dumped.push(super::bench_docs::docs_json(docs, seq, micro, bounds));
         }
         let work = Workload { seq, micro, accumulate: args.accumulate, docs };
-        let memory = Memory { ckpt, offload: ckpt && args.offload, fused: !args.no_fused };
+        let memory =
+            Memory { ckpt, offload: ckpt && args.offload, fused: !args.no_fused, flash_varlen: args.flash_varlen };
         let trace = args.trace.as_ref().map(|dir| {
             let ckpt = if ckpt { "-ckpt" } else { "" };
             let packed = if args.packed { "-packed" } else { "" };
@@ -221,7 +228,7 @@ fn bench_one(
     shape: &str,
     mode: &str,
     work: &Workload,
-    Memory { ckpt, offload, fused }: Memory,
+    Memory { ckpt, offload, fused, flash_varlen }: Memory,
     timing: &Timing,
     device: Device,
     peak: Option<f64>,
@@ -235,6 +242,8 @@ fn bench_one(
     policy.set_activation_checkpointing(ckpt);
     policy.set_activation_offloading(offload);
     policy.set_fused_ops(fused);
+    let packed_attention = if flash_varlen { PackedAttention::FlashVarlen } else { PackedAttention::Segments };
+    policy.set_packed_attention(packed_attention);
     let n_params: i64 =
         policy.named_variables().iter().filter(|(n, _)| !n.contains("lora_")).map(|(_, t)| t.numel() as i64).sum();
     let mut trainer = Trainer::new(&cfg, device);
@@ -294,6 +303,7 @@ fn bench_one(
         res["packed"] = json!({
             "docs": docs.len(), "real_tokens": real_tokens, "padded_tokens": padded_tokens,
             "micro_batches": batches.len(), "doc_tokens": [docs.iter().min(), docs.iter().max()],
+            "attention": if flash_varlen { "flash_varlen" } else { packed_attention_kernel(device, policy.kind()) },
         });
     }
     if let Some(peak) = peak {

@@ -87,7 +87,11 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
     let (lp_mask, loss_mask, grad_mask) = measure(&mut gpu, &batch, false)?;
     gpu.set_packed_attention(PackedAttention::SegmentLoop);
     let (lp_loop, _, grad_loop) = measure(&mut gpu, &batch, false)?;
+    gpu.set_packed_attention(PackedAttention::FlashVarlen);
+    let (lp_flash, _, grad_flash) = measure(&mut gpu, &batch, false)?;
     gpu.set_packed_attention(PackedAttention::Segments);
+    let flash_vs_mask = (&lp_flash - &lp_mask).abs().sum(Kind::Double).double_value(&[]) / trained_tokens(&batch);
+    let cos_flash_mask = cosine(&grad_flash, &grad_mask);
     let loop_vs_mask = (&lp_loop - &lp_mask).abs().sum(Kind::Double).double_value(&[]) / trained_tokens(&batch);
     let cos_loop_mask = cosine(&grad_loop, &grad_mask);
     let seg_vs_mask = (&lp_gpu - &lp_mask).abs().sum(Kind::Double).double_value(&[]) / trained_tokens(&batch);
@@ -117,6 +121,7 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
         "packed_segments_vs_mask": seg_vs_mask <= LOGPROB_MEAN_TOLERANCE && cos_seg_mask >= GRAD_COSINE_MIN
             && (loss_mask - loss_gpu).abs() <= LOSS_ABS_TOLERANCE,
         "packed_segment_loop_vs_mask": loop_vs_mask <= LOGPROB_MEAN_TOLERANCE && cos_loop_mask >= GRAD_COSINE_MIN,
+        "packed_flash_varlen_vs_mask": flash_vs_mask <= LOGPROB_MEAN_TOLERANCE && cos_flash_mask >= GRAD_COSINE_MIN,
         "fused_ops_vs_tensor_ops": fused_vs_ops <= LOGPROB_MEAN_TOLERANCE && cos_fused_ops >= GRAD_COSINE_MIN
             && (loss_ops - loss_gpu).abs() <= LOSS_ABS_TOLERANCE,
         "fused_ops_ran_on_cuda": !device.is_cuda() || fused_ran,
@@ -135,6 +140,8 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
             "adamw_fused_ran": fused_f32 && fused_bf16, "adamw_fused_vs_ops_f32": adamw_f32, "adamw_fused_vs_ops_bf16": adamw_bf16,
             "packed_segments_vs_mask": {"logprob_mean_abs_diff": seg_vs_mask, "grad_cosine": cos_seg_mask, "loss_mask": loss_mask},
             "packed_segment_loop_vs_mask": {"logprob_mean_abs_diff": loop_vs_mask, "grad_cosine": cos_loop_mask},
+            "packed_flash_varlen_vs_mask": {"logprob_mean_abs_diff": flash_vs_mask, "grad_cosine": cos_flash_mask},
+            "packed_segments_kernel": trainq_engine::model::packed_attention_kernel(device, Kind::BFloat16),
             "fused_ops_vs_tensor_ops": {"ran": fused_ran, "logprob_mean_abs_diff": fused_vs_ops, "grad_cosine": cos_fused_ops,
                 "loss_abs_diff": (loss_ops - loss_gpu).abs(), "grad_cosine_tensor_ops_vs_f32": cos_ops_f32},
             "tolerances": {"logprob_mean": LOGPROB_MEAN_TOLERANCE, "loss_abs": LOSS_ABS_TOLERANCE, "grad_cosine_min": GRAD_COSINE_MIN},

@@ -5,6 +5,7 @@
 //! docs/model.md.
 
 mod activation_checkpointing;
+mod cudnn_varlen;
 mod flash_varlen;
 mod fused_linear;
 mod fused_ops;
@@ -19,4 +20,4 @@ pub mod weights;
 
 pub use hf_config::{tiny_qwen3_config, Architecture, HfConfig};
 pub use policy::{default_kind, is_lora_name, BatchSummary, Policy};
-pub use transformer::{segment_lengths, PackedAttention};
+pub use transformer::{packed_attention_kernel, segment_lengths, PackedAttention};

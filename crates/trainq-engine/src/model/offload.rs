@@ -3,7 +3,7 @@
 //! a side stream so they overlap with compute (csrc/offload.cpp, compiled by build.rs against
 //! the libtorch tch links). Without the shim, or off CUDA, the copies are plain synchronous
 //! `to_device` calls: the same results, no overlap. One of the few `unsafe` modules (with
-//! kernels/, collective/nccl and flash_varlen).
+//! kernels/, collective/nccl, flash_varlen and cudnn_varlen).
 #![allow(unsafe_code)]
 
 #[cfg(trainq_shim)]

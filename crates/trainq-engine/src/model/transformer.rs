@@ -1,8 +1,9 @@
 //! The decoder-only transformer (Qwen3, Qwen2, Llama): one struct per HF submodule, Rust field
 //! names equal to checkpoint keys, packed documents kept apart in attention ([`DocumentLayout`]).
 
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Device, Kind, Tensor};
 
+use super::cudnn_varlen::{cudnn_varlen, RaggedBatch};
 use super::flash_varlen::{flash_varlen, CuSeqlens};
 use super::fused_linear::FusedLinear;
 use super::fused_ops::{add_rms_norm, add_rms_norm_fits, projection, qkv_norm_rope, swiglu, QkvSpec};
@@ -85,15 +86,21 @@ impl Attention {
         let mask = match layout {
             DocumentLayout::Causal => None,
             DocumentLayout::Mask(mask) => Some(mask),
-            DocumentLayout::Segments { lengths, flash } => {
+            DocumentLayout::Segments { lengths, flash, cudnn } => {
                 let y = match flash {
                     // (B, L, n, D) -> (B·L, n, D): one varlen kernel over every document
-                    Some(cu) => flash_varlen(
-                        &q.f_reshape([b * l, self.num_heads, self.head_dim])?,
-                        &k.f_reshape([b * l, self.num_kv_heads, self.head_dim])?,
-                        &v.f_reshape([b * l, self.num_kv_heads, self.head_dim])?,
-                        cu,
-                    )?,
+                    Some(cu) => {
+                        let q = q.f_reshape([b * l, self.num_heads, self.head_dim])?;
+                        let k = k.f_reshape([b * l, self.num_kv_heads, self.head_dim])?;
+                        let v = v.f_reshape([b * l, self.num_kv_heads, self.head_dim])?;
+                        match cudnn.as_ref().filter(|_| !super::cudnn_varlen::declined()) {
+                            Some(batch) => cudnn_varlen(&q, &k, &v, batch).or_else(|error| {
+                                super::cudnn_varlen::decline(&error);
+                                flash_varlen(&q, &k, &v, cu)
+                            })?,
+                            None => flash_varlen(&q, &k, &v, cu)?,
+                        }
+                    }
                     None => segment_attention(&q, &k, &v, lengths, gqa)?,
                 };
                 return self.o_proj.forward(&y.f_reshape([b, l, self.num_heads * self.head_dim])?, rope.fused());
@@ -264,7 +271,7 @@ impl CausalLm {
 
     /// Whether forwards on `device` in `kind` run the fused q/k/v and SwiGLU ops: switched on,
     /// available there (CUDA, bf16, kernels compiled) and a head dim and width the kernels take.
-    pub(crate) fn fused_ops_active(&self, device: tch::Device, kind: Kind) -> bool {
+    pub(crate) fn fused_ops_active(&self, device: Device, kind: Kind) -> bool {
         let shape_fits = self
             .layers
             .first()
@@ -280,14 +287,16 @@ pub(crate) enum DocumentLayout {
     /// Every row holds one document: plain causal attention on the fastest kernels.
     Causal,
     /// Rows hold several documents: causal attention per segment, with no L×L mask and with
-    /// GQA kept native. `lengths` are the segments in row-major order (they sum to B·L); with
-    /// `flash` (CUDA, bf16) one variable-length flash kernel covers them all, else one call of
-    /// the causal kernel per segment.
+    /// GQA kept native. `lengths` are the segments in row-major order (they sum to B·L); on
+    /// CUDA in bf16 one ragged kernel covers them all (cuDNN's with `cudnn`, else flash varlen
+    /// with `flash`), elsewhere one call of the causal kernel per segment.
     Segments {
         /// Segment lengths, row by row.
         lengths: Vec<i64>,
         /// Their cumulative starts on the device, for the varlen flash kernel.
         flash: Option<CuSeqlens>,
+        /// The documents for cuDNN's ragged kernel (tried first; flash varlen if cuDNN declines).
+        cudnn: Option<RaggedBatch>,
     },
     /// The dense (B, 1, L, L) document mask with K/V repeated to every head: the reference
     /// the segment path is tested against, and what `bench check` compares.
@@ -297,14 +306,31 @@ pub(crate) enum DocumentLayout {
 /// Which packed-attention path a policy uses for rows that hold several documents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PackedAttention {
-    /// Causal attention per document segment (no mask; native GQA): variable-length flash
-    /// attention on CUDA in bf16, one kernel call per segment elsewhere. The default.
+    /// Causal attention per document segment (no mask; native GQA): cuDNN's ragged kernel on
+    /// CUDA in bf16 (variable-length flash attention where cuDNN declines), one kernel call per
+    /// segment elsewhere. The default.
     #[default]
     Segments,
+    /// As `Segments` with variable-length flash attention, never cuDNN (for comparisons).
+    FlashVarlen,
     /// One kernel call per segment everywhere (the fallback path, for comparisons).
     SegmentLoop,
     /// The dense (B, 1, L, L) mask (the reference path).
     DenseMask,
+}
+
+/// Which kernel the default packed path (`PackedAttention::Segments`) runs on `device` in
+/// `kind` as things stand: "cudnn" (built, and not declined in this process), "flash_varlen"
+/// or "segment_loop".
+pub fn packed_attention_kernel(device: Device, kind: Kind) -> &'static str {
+    let ragged = device.is_cuda() && matches!(kind, Kind::BFloat16 | Kind::Half);
+    if ragged && cfg!(trainq_cudnn_varlen) && !super::cudnn_varlen::declined() {
+        "cudnn"
+    } else if ragged && cfg!(trainq_flash_varlen) {
+        "flash_varlen"
+    } else {
+        "segment_loop"
+    }
 }
 
 impl DocumentLayout {
@@ -321,7 +347,7 @@ impl DocumentLayout {
         let lengths = match segments {
             Some(lengths) => lengths,
             None => {
-                let host = Vec::<i64>::try_from(&position_ids.f_reshape([rows * cols])?.f_to(tch::Device::Cpu)?)?;
+                let host = Vec::<i64>::try_from(&position_ids.f_reshape([rows * cols])?.f_to(Device::Cpu)?)?;
                 owned = segment_lengths(&host, cols as usize);
                 &owned
             }
@@ -330,11 +356,16 @@ impl DocumentLayout {
             return Ok(DocumentLayout::Causal);
         }
         Ok(match packed {
-            PackedAttention::Segments => DocumentLayout::Segments {
-                lengths: lengths.to_vec(),
-                flash: CuSeqlens::new(lengths, position_ids.device(), kind)?,
-            },
-            PackedAttention::SegmentLoop => DocumentLayout::Segments { lengths: lengths.to_vec(), flash: None },
+            PackedAttention::Segments | PackedAttention::FlashVarlen => {
+                let flash = CuSeqlens::new(lengths, position_ids.device(), kind)?;
+                let cudnn = (packed == PackedAttention::Segments && flash.is_some())
+                    .then(|| RaggedBatch::new(lengths, position_ids.device(), kind))
+                    .flatten();
+                DocumentLayout::Segments { lengths: lengths.to_vec(), flash, cudnn }
+            }
+            PackedAttention::SegmentLoop => {
+                DocumentLayout::Segments { lengths: lengths.to_vec(), flash: None, cudnn: None }
+            }
             PackedAttention::DenseMask => DocumentLayout::Mask(document_mask(position_ids)?),
         })
     }
