@@ -109,9 +109,10 @@ class CudnnRagged:
     contiguous (T, n, D), v at its own row stride. One forward and one backward graph per
     (documents, longest document); returns None when the package is missing."""
 
-    def __init__(self, docs, max_len, heads, kv_heads, dim, v_row):
+    def __init__(self, docs, max_len, heads, kv_heads, dim, v_row, all_plans=False):
         import cudnn
 
+        self.all_plans = all_plans
         self.cudnn = cudnn
         self.handle = cudnn.create_handle()
         self.dims = (docs, max_len, heads, kv_heads, dim, v_row)
@@ -176,15 +177,50 @@ class CudnnRagged:
                 t.set_ragged_offset(offsets["q" if name == "dq" else "k"])
         graph.validate()
         graph.build_operation_graph()
-        graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-        graph.check_support()
-        graph.build_plans()
+        if self.all_plans:
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.B, cudnn.heur_mode.FALLBACK])
+            graph.check_support()
+            graph.build_plans(cudnn.build_plan_policy.ALL)
+        else:
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            graph.check_support()
+            graph.build_plans()
         return graph
 
     def run(self, graph, tensors):
         workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device="cuda")
         self.cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
         graph.execute({self.uid[n]: t for n, t in tensors.items()}, workspace, handle=self.handle)
+
+    def plan_times(self, q, k, v, lengths_cu, grad, iters):
+        """Every plan cuDNN offers for the forward and the backward graph, timed: [(name, ms)]."""
+        seq, cu = lengths_cu
+        b, s, h, kv, d, v_row = self.dims
+        offsets = {"off_q": (cu * h * d).view(-1, 1, 1, 1), "off_k": (cu * kv * d).view(-1, 1, 1, 1),
+                   "off_v": (cu * v_row).view(-1, 1, 1, 1)}
+        if self.ragged_stats:
+            offsets["off_stats"] = (cu * h).view(-1, 1, 1, 1)
+        o = torch.empty_like(q)
+        stats = torch.empty(q.shape[0] * h if self.ragged_stats else b * h * s, dtype=torch.float32, device="cuda")
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
+        packs = {"forward": (self.fwd, {"q": q, "k": k, "v": v, "seq": seq, "o": o, "stats": stats, **offsets}),
+                 "backward": (self.bwd, {"q": q, "k": k, "v": v, "seq": seq, "o": o, "do": grad, "stats": stats,
+                                         "dq": dq, "dk": dk, "dv": dv, **offsets})}
+        self.cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
+        result = {}
+        for direction, (graph, tensors) in packs.items():
+            pack = {self.uid[n]: t for n, t in tensors.items()}
+            times = []
+            for index in range(graph.get_execution_plan_count()):
+                try:
+                    size = graph.get_workspace_size_plan_at_index(index)
+                    workspace = torch.empty(max(size, 1), dtype=torch.uint8, device="cuda")
+                    run = lambda: graph.execute_plan_at_index(pack, workspace, index, handle=self.handle)  # noqa: E731
+                    times.append((graph.get_plan_name_at_index(index), round(timed(run, iters), 4)))
+                except Exception as error:
+                    times.append((f"plan {index}", f"{type(error).__name__}: {error}"[:120]))
+            result[direction] = times
+        return result
 
     def fwd_bwd(self, q, k, v, lengths_cu, grad):
         """lengths_cu: (seq (B,1,1,1) int32, cumulative token offsets (B+1) int64)."""
@@ -294,9 +330,30 @@ def broken_cudnn_backward(total, lengths, heads, kv_heads, dim):
                       [max_diff(a, b) for a, b in zip(cudnn, flash)]}), flush=True)
 
 
+def plans(iters):
+    """Every cuDNN plan for whole causal rows (one document a row) and packed rows."""
+    for name, total, heads, kv_heads, lengths in [
+        ("0.6b/1.7b 4x4096 whole rows", 16384, 16, 8, [4096] * 4),
+        ("0.6b/1.7b 4x4096 docs 300-6000", 16384, 16, 8, documents(16384, 300, 6000, 4, 1)),
+        ("8b 2x4096 whole rows", 8192, 32, 8, [4096] * 2),
+    ]:
+        (q, k, v), _ = qkv(total, heads, kv_heads, 128, True)
+        grad = torch.randn(total, heads, 128, device="cuda", dtype=torch.bfloat16)
+        cu = cu_seqlens(lengths)
+        seq = torch.tensor(lengths, dtype=torch.int32, device="cuda").view(-1, 1, 1, 1)
+        frontend = CudnnRagged(len(lengths), max(lengths), heads, kv_heads, 128, v.stride(0), all_plans=True)
+        times = frontend.plan_times(q.detach(), k.detach(), v.detach(), (seq, cu.long()), grad, iters)
+        row = {"case": name, "docs": len(lengths), **times}
+        if len(set(lengths)) == 1:  # whole rows: torch's SDPA (cuDNN backend) on the same rows
+            row["torch_sdpa_cudnn_fwd_bwd_ms"] = round(timed(lambda: dense_fwd_bwd(q, k, v, len(lengths), grad), iters), 4)
+            row["torch_sdpa_cudnn_fwd_ms"] = round(timed(lambda: dense_fwd(q, k, v, len(lengths)), iters), 4)
+        print(json.dumps(row), flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--plans", action="store_true", help="only time every cuDNN plan of a few shapes")
     parser.add_argument("--cudnn-backward", action="store_true",
                         help="last, run torch's broken cuDNN varlen backward (may fault)")
     args = parser.parse_args()
@@ -304,6 +361,9 @@ def main():
     iters = 5 if args.quick else 20
     print(json.dumps({"torch": torch.__version__, "cudnn": torch.backends.cudnn.version(),
                       "device": torch.cuda.get_device_name()}))
+    if args.plans:
+        plans(iters)
+        return
     rows = []
     small = [700, 2100, 1296]
     rows.append(case("check 1x4096, 3 docs", 4096, 1, small, 16, 8, 128, True, iters, True))
