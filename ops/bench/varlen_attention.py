@@ -192,8 +192,9 @@ class CudnnRagged:
         self.cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
         graph.execute({self.uid[n]: t for n, t in tensors.items()}, workspace, handle=self.handle)
 
-    def plan_times(self, q, k, v, lengths_cu, grad, iters):
-        """Every plan cuDNN offers for the forward and the backward graph, timed: [(name, ms)]."""
+    def packs(self, q, k, v, lengths_cu, grad):
+        """The forward's and the backward's graph with their tensors by name (outputs fresh).
+        lengths_cu: (seq (B,1,1,1) int32, cumulative token offsets (B+1) int64)."""
         seq, cu = lengths_cu
         b, s, h, kv, d, v_row = self.dims
         offsets = {"off_q": (cu * h * d).view(-1, 1, 1, 1), "off_k": (cu * kv * d).view(-1, 1, 1, 1),
@@ -203,12 +204,15 @@ class CudnnRagged:
         o = torch.empty_like(q)
         stats = torch.empty(q.shape[0] * h if self.ragged_stats else b * h * s, dtype=torch.float32, device="cuda")
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
-        packs = {"forward": (self.fwd, {"q": q, "k": k, "v": v, "seq": seq, "o": o, "stats": stats, **offsets}),
-                 "backward": (self.bwd, {"q": q, "k": k, "v": v, "seq": seq, "o": o, "do": grad, "stats": stats,
-                                         "dq": dq, "dk": dk, "dv": dv, **offsets})}
+        forward = {"q": q, "k": k, "v": v, "seq": seq, "o": o, "stats": stats, **offsets}
+        backward = {**forward, "do": grad, "dq": dq, "dk": dk, "dv": dv}
+        return (self.fwd, forward), (self.bwd, backward)
+
+    def plan_times(self, q, k, v, lengths_cu, grad, iters):
+        """Every plan cuDNN offers for the forward and the backward graph, timed: [(name, ms)]."""
         self.cudnn.set_stream(handle=self.handle, stream=torch.cuda.current_stream().cuda_stream)
         result = {}
-        for direction, (graph, tensors) in packs.items():
+        for direction, (graph, tensors) in zip(("forward", "backward"), self.packs(q, k, v, lengths_cu, grad)):
             pack = {self.uid[n]: t for n, t in tensors.items()}
             times = []
             for index in range(graph.get_execution_plan_count()):
@@ -223,20 +227,10 @@ class CudnnRagged:
         return result
 
     def fwd_bwd(self, q, k, v, lengths_cu, grad):
-        """lengths_cu: (seq (B,1,1,1) int32, cumulative token offsets (B+1) int64)."""
-        seq, cu = lengths_cu
-        b, s, h, kv, d, v_row = self.dims
-        offsets = {"off_q": (cu * h * d).view(-1, 1, 1, 1), "off_k": (cu * kv * d).view(-1, 1, 1, 1),
-                   "off_v": (cu * v_row).view(-1, 1, 1, 1)}
-        if self.ragged_stats:
-            offsets["off_stats"] = (cu * h).view(-1, 1, 1, 1)
-        o = torch.empty_like(q)
-        stats = torch.empty(q.shape[0] * h if self.ragged_stats else b * h * s, dtype=torch.float32, device="cuda")
-        self.run(self.fwd, {"q": q, "k": k, "v": v, "seq": seq, "o": o, "stats": stats, **offsets})
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(k)
-        self.run(self.bwd, {"q": q, "k": k, "v": v, "seq": seq, "o": o, "do": grad, "stats": stats,
-                            "dq": dq, "dk": dk, "dv": dv, **{n: t for n, t in offsets.items()}})
-        return o, dq, dk, dv
+        (fwd, forward), (bwd, backward) = self.packs(q, k, v, lengths_cu, grad)
+        self.run(fwd, forward)
+        self.run(bwd, backward)
+        return backward["o"], backward["dq"], backward["dk"], backward["dv"]
 
 
 def reference(q, k, v, lengths):

@@ -84,6 +84,21 @@ std::shared_ptr<fe::graph::Tensor_attributes> tensor(fe::graph::Graph& g, const 
   return g.tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dim).set_stride(stride));
 }
 
+// The forward's and the backward's shared settings: causal within each document (`seq` its
+// length; keys past it masked), scaled by 1/√D, at most `t` packed tokens.
+template <typename Attributes>
+Attributes ragged_causal(Attributes options, std::shared_ptr<fe::graph::Tensor_attributes> seq, float scale,
+                         int64_t t) {
+  options.set_attn_scale(scale);
+  options.set_causal_mask(true);
+  options.set_padding_mask(true);
+  options.set_seq_len_q(seq);
+  options.set_seq_len_kv(seq);
+  options.set_max_total_seq_len_q(t);
+  options.set_max_total_seq_len_kv(t);
+  return options;
+}
+
 std::shared_ptr<fe::graph::Graph> build(const Key& key, cudnnHandle_t handle) {
   auto [device, b, s, t, h, kv, d, v_row, half, backward] = key;
   auto g = std::make_shared<fe::graph::Graph>();
@@ -118,16 +133,8 @@ std::shared_ptr<fe::graph::Graph> build(const Key& key, cudnnHandle_t handle) {
                            .set_data_type(fe::DataType_t::INT32));
   auto scale = 1.0f / std::sqrt(static_cast<float>(d));
   if (!backward) {
-    auto options = fe::graph::SDPA_attributes()
-                       .set_name("sdpa")
-                       .set_generate_stats(true)
-                       .set_attn_scale(scale)
-                       .set_causal_mask(true)
-                       .set_padding_mask(true)
-                       .set_seq_len_q(seq)
-                       .set_seq_len_kv(seq)
-                       .set_max_total_seq_len_q(t)
-                       .set_max_total_seq_len_kv(t);
+    auto options = ragged_causal(fe::graph::SDPA_attributes(), seq, scale, t);
+    options.set_name("sdpa").set_generate_stats(true);
     auto [o, stats] = g->sdpa(q, k, v, options);
     o->set_output(true).set_uid(kO).set_dim(q_dim).set_stride(q_stride).set_ragged_offset(off_q);
     stats->set_output(true)
@@ -148,15 +155,8 @@ std::shared_ptr<fe::graph::Graph> build(const Key& key, cudnnHandle_t handle) {
                                .set_stride(stats_stride)
                                .set_data_type(fe::DataType_t::FLOAT)
                                .set_ragged_offset(off_stats));
-    auto options = fe::graph::SDPA_backward_attributes()
-                       .set_name("sdpa_backward")
-                       .set_attn_scale(scale)
-                       .set_causal_mask(true)
-                       .set_padding_mask(true)
-                       .set_seq_len_q(seq)
-                       .set_seq_len_kv(seq)
-                       .set_max_total_seq_len_q(t)
-                       .set_max_total_seq_len_kv(t);
+    auto options = ragged_causal(fe::graph::SDPA_backward_attributes(), seq, scale, t);
+    options.set_name("sdpa_backward");
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, options);
     dq->set_output(true).set_uid(kDQ).set_dim(q_dim).set_stride(q_stride).set_ragged_offset(off_q);
     // dk and dv come out contiguous (T, KV, D), at k's offsets.
