@@ -24,6 +24,11 @@
 #   bash ops/gpu.sh big [ARGS]  # there: Qwen3-32B-shaped LoRA, checkpointed, with and without
 #                             # activation offloading, the longest offloaded rows (SEQS), and the
 #                             # peer with gradient checkpointing at 1×8192 (H200: 65 GiB weights)
+#   bash ops/gpu.sh build-base [REV]  # here: `trainq` at commit REV (default HEAD: the tree without
+#                             # uncommitted changes) into .carry/trainq-base, for `ab`
+#   bash ops/gpu.sh ab [ARGS] # there: same-call A/B — per row of ROWS (one line of `bench train`
+#                             # args each), .carry/trainq-base then .carry/trainq, twice over; the
+#                             # rows go to ab.jsonl tagged "binary", the table to ab.md
 #   bash ops/gpu.sh e2e       # there: the user's path end to end — carried PostgreSQL and S3 server,
 #                             # `trainq migrate`, `model create` on a random Qwen3-0.6B with the real
 #                             # tokenizer, `trainq worker --device cuda --store s3://…` while
@@ -63,6 +68,62 @@ case "${1:-}" in
     cp ops/bench/hf_peft_train.py .carry/
     bash ops/e2e/pack-services.sh >&2
     ls -la .carry
+    ;;
+  build-base)
+    # A worktree of REV built into the same target directory: third-party crates are shared, only
+    # the workspace's own crates compile again. The current tree's binary is linked again at the
+    # end (cargo would not copy a fresh artifact back over target/release/trainq).
+    rev=$(git rev-parse "${2:-HEAD}")
+    env_file=$(bash ops/setup.sh)
+    # shellcheck disable=SC1090
+    source "$env_file"
+    tree=/tmp/trainq-base-tree
+    git worktree remove --force "$tree" 2>/dev/null || true
+    git worktree add --detach "$tree" "$rev" >&2
+    CARGO_TARGET_DIR=$PWD/target cargo build --release --locked --bin trainq --manifest-path "$tree/Cargo.toml"
+    mkdir -p .carry
+    cp target/release/trainq .carry/trainq-base
+    git worktree remove --force "$tree"
+    touch src/bin/trainq/main.rs
+    cargo build --release --locked --bin trainq
+    echo "$rev" > .carry/trainq-base.rev
+    ls -la .carry
+    ;;
+  ab)
+    device_env
+    shift
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    default_rows="--mode lora
+--mode full
+--shape qwen3-1.7b --mode lora"
+    while read -r row; do
+      [ -n "$row" ] || continue
+      for round in 1 2; do
+        for bin in trainq-base trainq; do
+          # shellcheck disable=SC2086
+          ./.carry/$bin bench train --skip-peak $row "$@" | sed "s/^{\"impl\"/{\"binary\":\"$bin\",\"round\":$round,\"impl\"/" \
+            | tee -a "$OUT/ab.jsonl" || true
+        done
+      done
+    done <<<"${ROWS:-$default_rows}"
+    "$gpu_python" - "$OUT/ab.jsonl" <<'PY' | tee "$OUT/ab.md"
+import json, sys
+from collections import defaultdict
+rows = defaultdict(lambda: defaultdict(list))
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "binary" in r:
+        key = f"{r['shape']} {r['mode']} {r['micro']}x{r['seq']}" + (" packed" if r.get("packed") else "")
+        rows[key][r["binary"]].append((r["tokens_per_s"], r["peak_mem_gib"]))
+print("| row | base tok/s | new tok/s | gain |")
+print("|---|---|---|---|")
+for key, b in rows.items():
+    base, new = b.get("trainq-base", []), b.get("trainq", [])
+    fmt = lambda xs: " / ".join(f"{t:,.0f} ({m})" for t, m in xs)
+    mean = lambda xs: sum(t for t, _ in xs) / max(len(xs), 1)
+    gain = f"{100 * (mean(new) / mean(base) - 1):+.1f} %" if base and new else "-"
+    print(f"| {key} | {fmt(base)} | {fmt(new)} | {gain} |")
+PY
     ;;
   bench)
     device_env

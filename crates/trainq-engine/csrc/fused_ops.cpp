@@ -264,7 +264,8 @@ class SwiGlu : public torch::autograd::Function<SwiGlu> {
   }
 };
 
-// The residual add after attention and the post-attention RMSNorm: s = x + h, n = RMSNorm(s)·w.
+// A residual add and the RMSNorm after it (post-attention, next layer's input, final): s = x + h,
+// n = RMSNorm(s)·w.
 // Keeps s and the per-row 1/RMS; the backward returns one gradient, ds + the norm's, for both x
 // and h (autograd's sum of the residual and norm paths happens in the kernel).
 class AddRmsNorm : public torch::autograd::Function<AddRmsNorm> {

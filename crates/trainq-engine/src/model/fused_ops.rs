@@ -1,8 +1,8 @@
 //! The decoder layer's fused ops with their own autograd (csrc/fused_ops.cpp, whose forward and
 //! backward launch `kernels::fused` or libtorch GEMMs): per-head q/k RMSNorm + RoPE from the fused
 //! q/k/v projection, SwiGLU from the fused gate/up projection, projections with their LoRA
-//! adapter whose input gradient is one GEMM plus an epilogue, and the residual add after
-//! attention with the post-attention RMSNorm. On CUDA in bf16 when the
+//! adapter whose input gradient is one GEMM plus an epilogue, and a residual add with the
+//! RMSNorm after it. On CUDA in bf16 when the
 //! shim was built and the kernels compile; [`available`] says when, and the layers fall back to
 //! the tensor-op composites otherwise. One of the few `unsafe` modules (shim calls).
 #![allow(unsafe_code)]

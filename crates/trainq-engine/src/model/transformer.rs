@@ -192,22 +192,44 @@ impl DecoderLayer {
         })
     }
 
+    /// Layer by layer (activation checkpointing recomputes one at a time): (B, L, hidden) ->
+    /// (B, L, hidden).
     pub(super) fn forward(&self, x: &Tensor, rope: &RopeTables, layout: &DocumentLayout) -> TchResult<Tensor> {
-        let attn = self.self_attn.forward(&self.input_layernorm.forward(x)?, rope, layout)?;
-        let norm = &self.post_attention_layernorm;
-        let (x, normed) = if rope.fused() && add_rms_norm_fits(norm.weight.size()[0]) {
-            // (B, L, hidden) -> (B·L, hidden): the residual add and the norm in one fused op
-            let size = x.size();
-            let rows = |t: &Tensor| t.f_reshape([-1, norm.weight.size()[0]]);
-            let (sum, normed) = add_rms_norm(&rows(x)?, &rows(&attn)?, &norm.weight, norm.eps)?;
-            (sum.f_view(size.as_slice())?, normed.f_view(size.as_slice())?)
-        } else {
-            let x = x.f_add(&attn)?;
-            let normed = norm.forward(&x)?;
-            (x, normed)
-        };
-        x.f_add(&self.mlp.forward(&normed, rope.fused())?)
+        let (x, mlp) = self.blocks(x, &self.input_layernorm.forward(x)?, rope, layout)?;
+        x.f_add(&mlp)
     }
+
+    /// The attention and MLP blocks from the residual stream `x` and its input norm `normed`:
+    /// returns the stream after attention and the MLP's output, whose sum is the layer's output.
+    /// The sum is left to the caller, which runs it with the next norm as one op.
+    fn blocks(
+        &self,
+        x: &Tensor,
+        normed: &Tensor,
+        rope: &RopeTables,
+        layout: &DocumentLayout,
+    ) -> TchResult<(Tensor, Tensor)> {
+        let attn = self.self_attn.forward(normed, rope, layout)?;
+        let (x, normed) = add_then_norm(x, &attn, &self.post_attention_layernorm, rope.fused())?;
+        let mlp = self.mlp.forward(&normed, rope.fused())?;
+        Ok((x, mlp))
+    }
+}
+
+/// x, h (B, L, hidden) -> (x + h, norm(x + h)): with `fused` (and a width the kernels take) one
+/// fused op each way, else the add, then the norm.
+fn add_then_norm(x: &Tensor, h: &Tensor, norm: &RmsNorm, fused: bool) -> TchResult<(Tensor, Tensor)> {
+    let width = norm.weight.size()[0];
+    if fused && add_rms_norm_fits(width) {
+        // (B, L, hidden) -> (B·L, hidden) and back
+        let size = x.size();
+        let rows = |t: &Tensor| t.f_reshape([-1, width]);
+        let (sum, normed) = add_rms_norm(&rows(x)?, &rows(h)?, &norm.weight, norm.eps)?;
+        return Ok((sum.f_view(size.as_slice())?, normed.f_view(size.as_slice())?));
+    }
+    let sum = x.f_add(h)?;
+    let normed = norm.forward(&sum)?;
+    Ok((sum, normed))
 }
 
 /// `model` plus `lm_head`: embeddings, decoder layers, final norm, output projection.
@@ -252,10 +274,26 @@ impl CausalLm {
     ) -> TchResult<Tensor> {
         let mut x = Tensor::f_embedding(&self.embed_tokens, input_ids, -1, false, false)?;
         let rope = self.rope_tables(position_ids, x.kind())?;
+        // A layer's last residual add runs with the norm after it (the next layer's input norm,
+        // or the final norm) as one op: the MLP's output waits in `pending` until then.
+        let mut pending: Option<Tensor> = None;
         for layer in &self.layers {
-            x = layer.forward(&x, &rope, layout)?;
+            let normed = match pending.take() {
+                Some(mlp) => {
+                    let (sum, normed) = add_then_norm(&x, &mlp, &layer.input_layernorm, rope.fused())?;
+                    x = sum;
+                    normed
+                }
+                None => layer.input_layernorm.forward(&x)?,
+            };
+            let (stream, mlp) = layer.blocks(&x, &normed, &rope, layout)?;
+            x = stream;
+            pending = Some(mlp);
         }
-        self.norm.forward(&x)
+        match pending {
+            Some(mlp) => Ok(add_then_norm(&x, &mlp, &self.norm, rope.fused())?.1),
+            None => self.norm.forward(&x),
+        }
     }
 }
 
