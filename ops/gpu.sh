@@ -28,7 +28,8 @@
 #                             # uncommitted changes) into .carry/trainq-base, for `ab`
 #   bash ops/gpu.sh ab [ARGS] # there: same-call A/B — per row of ROWS (one line of `bench train`
 #                             # args each), .carry/trainq-base then .carry/trainq, twice over; the
-#                             # rows go to ab.jsonl tagged "binary", the table to ab.md
+#                             # rows go to ab.jsonl tagged "binary", the table to ab.md; AB_TRACE=1
+#                             # also traces one step of each (summaries in traces.md)
 #   bash ops/gpu.sh e2e       # there: the user's path end to end — carried PostgreSQL and S3 server,
 #                             # `trainq migrate`, `model create` on a random Qwen3-0.6B with the real
 #                             # tokenizer, `trainq worker --device cuda --store s3://…` while
@@ -105,25 +106,19 @@ case "${1:-}" in
             | tee -a "$OUT/ab.jsonl" || true
         done
       done
+      if [ -n "${AB_TRACE:-}" ]; then
+        # One traced step per binary: kernel times side by side in traces.md.
+        for bin in trainq-base trainq; do
+          rm -rf "/tmp/ab-trace-$bin" && mkdir -p "/tmp/ab-trace-$bin"
+          # shellcheck disable=SC2086
+          ./.carry/$bin bench train --skip-peak --trace "/tmp/ab-trace-$bin" $row "$@" >/dev/null || true
+          for t in "/tmp/ab-trace-$bin"/*.json; do
+            { echo "## $bin: $row"; "$gpu_python" ops/bench/trace_summary.py "$t" 40; echo; } >> "$OUT/traces.md"
+          done
+        done
+      fi
     done <<<"${ROWS:-$default_rows}"
-    "$gpu_python" - "$OUT/ab.jsonl" <<'PY' | tee "$OUT/ab.md"
-import json, sys
-from collections import defaultdict
-rows = defaultdict(lambda: defaultdict(list))
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if "binary" in r:
-        key = f"{r['shape']} {r['mode']} {r['micro']}x{r['seq']}" + (" packed" if r.get("packed") else "")
-        rows[key][r["binary"]].append((r["tokens_per_s"], r["peak_mem_gib"]))
-print("| row | base tok/s | new tok/s | gain |")
-print("|---|---|---|---|")
-for key, b in rows.items():
-    base, new = b.get("trainq-base", []), b.get("trainq", [])
-    fmt = lambda xs: " / ".join(f"{t:,.0f} ({m})" for t, m in xs)
-    mean = lambda xs: sum(t for t, _ in xs) / max(len(xs), 1)
-    gain = f"{100 * (mean(new) / mean(base) - 1):+.1f} %" if base and new else "-"
-    print(f"| {key} | {fmt(base)} | {fmt(new)} | {gain} |")
-PY
+    "$gpu_python" ops/bench/ab_table.py "$OUT/ab.jsonl" | tee "$OUT/ab.md"
     ;;
   bench)
     device_env
