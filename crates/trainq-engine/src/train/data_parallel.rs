@@ -45,8 +45,9 @@ pub fn data_parallel_step(
     let mut grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
     all_reduce_gradients(collective, &mut grads, DEFAULT_BUCKET_ELEMENTS)
         .map_err(|e| Error::Collective(format!("gradient all-reduce on rank {rank}: {e}")))?;
-    let grad_norm = trainer.apply_gradients(&params)?;
+    // The metrics are summed (a read) before the update, so nothing waits for the AdamW kernels.
     let summed = sum_metrics(collective, &totals, batches)?;
+    let grad_norm = trainer.apply_gradients(&params)?;
     let tokens = summed.tokens.max(1.0);
     Ok(StepMetrics {
         loss: summed.loss,

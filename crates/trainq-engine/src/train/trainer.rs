@@ -73,8 +73,10 @@ impl Trainer {
     pub fn step(&mut self, model: &mut impl PolicyModel, batches: &[MicroBatch]) -> Result<StepMetrics> {
         let normalizer = self.normalizer(batches);
         let totals = self.accumulate_gradients(model, batches, normalizer)?;
-        let grad_norm = self.apply_gradients(&model.trainable_variables())?;
+        // The totals are read before the update, not after: nothing waits for the AdamW kernels,
+        // so the next step's host work and launches overlap them.
         let [loss, policy_loss, kl, tokens, clipped, ratio_sum] = read_totals(&totals)?;
+        let grad_norm = self.apply_gradients(&model.trainable_variables())?;
         Ok(StepMetrics {
             loss,
             policy_loss,
