@@ -145,14 +145,6 @@ template <int E, int L> __device__ void qkv_fwd(const unsigned short* qkv, const
     store_row<E>(dst, y);
 }
 
-// One (token, head) row of qkv_bwd between its loads and its arithmetic.
-template <int E> struct BwdRow {
-    long long row, tok;
-    int head;
-    bool valid, is_q, is_v, norm;
-    float dy[E], c[E], s[E], x[E], r;
-};
-
 // A row index with its (token, head), stepped through the rows without a division per row.
 struct RowPos {
     long long row, tok;
@@ -170,84 +162,6 @@ __device__ __forceinline__ void advance(RowPos& p, RowPos step, int T) {
     p.tok += step.tok;
     p.head += step.head;
     if (p.head >= T) { p.head -= T; p.tok += 1; }
-}
-
-// Loads row `at` (or, past the end, the clamped row `last`, computed but not stored).
-template <int E, int L> __device__ __forceinline__ void qkv_bwd_load(BwdRow<E>& a, RowPos at, RowPos last,
-        long long rows, const unsigned short* qkv, const unsigned short* qw, const unsigned short* kw,
-        const unsigned short* cosv, const unsigned short* sinv, const float* rstd, const unsigned short* dq,
-        const unsigned short* dk, const unsigned short* dv, int H, int KV, int rope) {
-    const int D = E * L;
-    int sub = threadIdx.x % L;
-    a.valid = at.row < rows;
-    RowPos p = a.valid ? at : last;
-    a.row = p.row;
-    a.tok = p.tok;
-    a.head = p.head;
-    a.is_q = a.head < H;
-    a.is_v = a.head >= H + KV;
-    if (a.is_v) {
-        load_row<E>(dv + (a.tok * KV + (a.head - H - KV)) * D + sub * E, a.dy);
-    } else {
-        load_row<E>((a.is_q ? dq + (a.tok * H + a.head) * D : dk + (a.tok * KV + (a.head - H)) * D) + sub * E, a.dy);
-    }
-    if (rope && !a.is_v) {
-        load_row<E>(cosv + a.tok * D + sub * E, a.c);
-        load_row<E>(sinv + a.tok * D + sub * E, a.s);
-    } else {  // v rows pass their gradient through unrotated (the shuffle still runs on them)
-        #pragma unroll
-        for (int e = 0; e < E; e++) { a.c[e] = 1.0f; a.s[e] = 0.0f; }
-    }
-    a.norm = !a.is_v && (a.is_q ? qw != 0 : kw != 0);
-    a.r = 1.0f;
-    if (a.norm) {
-        load_row<E>(qkv + a.row * D + sub * E, a.x);
-        a.r = rstd[a.tok * (H + KV) + a.head];
-    } else {
-        #pragma unroll
-        for (int e = 0; e < E; e++) a.x[e] = 0.0f;
-    }
-}
-
-template <int E, int L> __device__ __forceinline__ void qkv_bwd_finish(BwdRow<E>& a, unsigned short* dqkv,
-        const float* wq, const float* wk, float* gq, float* gk, int rope) {
-    const int D = E * L;
-    int sub = threadIdx.x % L;
-    float du[E];
-    if (rope) {
-        // du_j = dy_j cos_j + sign_j · dy_p(j) sin_p(j), sign +1 in the first half, −1 in the second
-        float sign = sub < L / 2 ? 1.0f : -1.0f;
-        #pragma unroll
-        for (int e = 0; e < E; e++) {
-            float partner = __shfl_xor_sync(FULL, a.dy[e] * a.s[e], L / 2);
-            du[e] = a.dy[e] * a.c[e] + sign * partner;
-        }
-    } else {
-        #pragma unroll
-        for (int e = 0; e < E; e++) du[e] = a.dy[e];
-    }
-    float dx[E], dot = 0.0f;
-    #pragma unroll
-    for (int e = 0; e < E; e++) {
-        a.x[e] *= a.r;                                 // x̂
-        dx[e] = du[e] * (a.is_q ? wq[e] : wk[e]);      // dx̂
-        dot += dx[e] * a.x[e];
-    }
-    dot = group_sum<L>(dot) / D;
-    if (!a.valid) return;
-    unsigned short* dst = dqkv + a.row * D + sub * E;
-    if (a.is_v) {
-        store_row<E>(dst, a.dy);
-    } else if (!a.norm) {
-        store_row<E>(dst, du);
-    } else {
-        #pragma unroll
-        for (int e = 0; e < E; e++) {
-            if (a.is_q) gq[e] += du[e] * a.x[e]; else gk[e] += du[e] * a.x[e];
-            dx[e] = a.r * (dx[e] - a.x[e] * dot);
-        }
-        store_row<E>(dst, dx);
-    }
 }
 
 // Backward of qkv_fwd: dq (N, H, D), dk and dv (N, KV, D) -> dqkv (N, T·D). When qw_part /
@@ -275,11 +189,71 @@ template <int E, int L> __device__ void qkv_bwd(const unsigned short* qkv, const
     long long first = (long long)blockIdx.x * groups + group;
     long long warp_first = (long long)blockIdx.x * groups + (group / (32 / L)) * (32 / L);
     RowPos at = row_pos(first, T), step = row_pos(stride, T), last = row_pos(rows - 1, T);
-    for (long long base = warp_first; base < rows; base += stride) {
-        BwdRow<E> a;
-        qkv_bwd_load<E, L>(a, at, last, rows, qkv, qw, kw, cosv, sinv, rstd, dq, dk, dv, H, KV, rope);
-        advance(at, step, T);
-        qkv_bwd_finish<E, L>(a, dqkv, wq, wk, gq, gk, rope);
+    for (long long base = warp_first; base < rows; base += stride, advance(at, step, T)) {
+        bool valid = at.row < rows;
+        RowPos p = valid ? at : last;
+        long long row = p.row, tok = p.tok;
+        int head = p.head;
+        bool is_q = head < H, is_v = head >= H + KV;
+        unsigned short* dst = dqkv + row * D + sub * E;
+        float dy[E];
+        if (is_v) {
+            load_row<E>(dv + (tok * KV + (head - H - KV)) * D + sub * E, dy);
+        } else {
+            load_row<E>((is_q ? dq + (tok * H + head) * D : dk + (tok * KV + (head - H)) * D) + sub * E, dy);
+        }
+        float du[E];
+        if (rope) {
+            // v rows pass their gradient through unrotated: no cos/sin loads (the shuffle still
+            // runs on them, with cos 1 and sin 0)
+            float c[E], s[E];
+            if (is_v) {
+                #pragma unroll
+                for (int e = 0; e < E; e++) { c[e] = 1.0f; s[e] = 0.0f; }
+            } else {
+                load_row<E>(cosv + tok * D + sub * E, c);
+                load_row<E>(sinv + tok * D + sub * E, s);
+            }
+            // du_j = dy_j cos_j + sign_j · dy_p(j) sin_p(j), sign +1 in the first half, −1 in the second
+            float sign = sub < L / 2 ? 1.0f : -1.0f;
+            #pragma unroll
+            for (int e = 0; e < E; e++) {
+                float partner = __shfl_xor_sync(FULL, dy[e] * s[e], L / 2);
+                du[e] = dy[e] * c[e] + sign * partner;
+            }
+        } else {
+            #pragma unroll
+            for (int e = 0; e < E; e++) du[e] = dy[e];
+        }
+        bool norm = !is_v && (is_q ? qw != 0 : kw != 0);
+        float x[E], dx[E], dot = 0.0f, r = 1.0f;
+        if (norm) {
+            load_row<E>(qkv + row * D + sub * E, x);
+            r = rstd[tok * (H + KV) + head];
+        } else {
+            #pragma unroll
+            for (int e = 0; e < E; e++) x[e] = 0.0f;
+        }
+        #pragma unroll
+        for (int e = 0; e < E; e++) {
+            x[e] *= r;                                  // x̂
+            dx[e] = du[e] * (is_q ? wq[e] : wk[e]);     // dx̂
+            dot += dx[e] * x[e];
+        }
+        dot = group_sum<L>(dot) / D;
+        if (!valid) continue;
+        if (is_v) {
+            store_row<E>(dst, dy);
+        } else if (!norm) {
+            store_row<E>(dst, du);
+        } else {
+            #pragma unroll
+            for (int e = 0; e < E; e++) {
+                if (is_q) gq[e] += du[e] * x[e]; else gk[e] += du[e] * x[e];
+                dx[e] = r * (dx[e] - x[e] * dot);
+            }
+            store_row<E>(dst, dx);
+        }
     }
     if (!qw_part && !kw_part) return;
     #pragma unroll
