@@ -61,25 +61,23 @@ extern "C" __global__ void adamw_bf16(unsigned short* p, const unsigned short* g
         uint4 pw = ((const uint4*)p)[i], gw = ((const uint4*)g)[i];
         float4 m0 = ((const float4*)m)[2 * i], m1 = ((const float4*)m)[2 * i + 1];
         float4 v0 = ((const float4*)v)[2 * i], v1 = ((const float4*)v)[2 * i + 1];
-        unsigned int pp[4] = {pw.x, pw.y, pw.z, pw.w}, gg[4] = {gw.x, gw.y, gw.z, gw.w};
+        float pf[8], gf[8];
+        unpack8(pw, pf);
+        unpack8(gw, gf);
         float mm[8] = {m0.x, m0.y, m0.z, m0.w, m1.x, m1.y, m1.z, m1.w};
         float vv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
         #pragma unroll
         for (int e = 0; e < 8; e++) {
-            unsigned int pbits = pp[e / 2], gbits = gg[e / 2];
-            float gf = bf16_to_float((unsigned short)(e % 2 ? gbits >> 16 : gbits & 0xffffu)) * coef;
-            float pf = bf16_to_float((unsigned short)(e % 2 ? pbits >> 16 : pbits & 0xffffu)) * decay;
-            mm[e] = mm[e] + w1 * (gf - mm[e]);
-            vv[e] = vv[e] + w2 * (gf * gf - vv[e]);
-            pf = pf + (-step_size * mm[e]) / (sqrtf(vv[e]) / bias2_sqrt + eps);
-            unsigned int bits = float_to_bf16(pf);
-            pp[e / 2] = e % 2 ? (pp[e / 2] & 0xffffu) | (bits << 16) : (pp[e / 2] & 0xffff0000u) | bits;
+            float grad = gf[e] * coef;
+            mm[e] = mm[e] + w1 * (grad - mm[e]);
+            vv[e] = vv[e] + w2 * (grad * grad - vv[e]);
+            pf[e] = pf[e] * decay + (-step_size * mm[e]) / (sqrtf(vv[e]) / bias2_sqrt + eps);
         }
         ((float4*)m)[2 * i] = make_float4(mm[0], mm[1], mm[2], mm[3]);
         ((float4*)m)[2 * i + 1] = make_float4(mm[4], mm[5], mm[6], mm[7]);
         ((float4*)v)[2 * i] = make_float4(vv[0], vv[1], vv[2], vv[3]);
         ((float4*)v)[2 * i + 1] = make_float4(vv[4], vv[5], vv[6], vv[7]);
-        ((uint4*)p)[i] = make_uint4(pp[0], pp[1], pp[2], pp[3]);
+        ((uint4*)p)[i] = pack8(pf);
     }
     long long done = 8 * groups;
     adamw(p + done, g + done, m + done, v + done, n - done, decay, w1, w2, step_size, bias2_sqrt, eps, coef);

@@ -7,8 +7,9 @@
 //! device pointers of tch tensors.
 #![allow(unsafe_code)]
 
-/// CUDA C shared by the kernel sources: bf16 ↔ f32 with bf16 held as `unsigned short` (NVRTC
-/// compiles without CUDA's headers), rounding to nearest even as libtorch does, NaN kept NaN.
+/// CUDA C shared by the kernel sources: bf16 ↔ f32 (one value, or eight in a 16-byte word) with
+/// bf16 held as `unsigned short` (NVRTC compiles without CUDA's headers), rounding to nearest
+/// even as libtorch does, NaN kept NaN.
 macro_rules! bf16_helpers {
     () => {
         r#"
@@ -18,6 +19,23 @@ __device__ __forceinline__ unsigned short float_to_bf16(float x) {
     if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
     u += 0x7fffu + ((u >> 16) & 1u);
     return (unsigned short)(u >> 16);
+}
+// Eight bf16 of a 16-byte word to f32 and back.
+__device__ __forceinline__ void unpack8(uint4 w, float* v) {
+    unsigned int parts[4] = {w.x, w.y, w.z, w.w};
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[2 * i] = __uint_as_float(parts[i] << 16);
+        v[2 * i + 1] = __uint_as_float(parts[i] & 0xffff0000u);
+    }
+}
+__device__ __forceinline__ uint4 pack8(const float* v) {
+    unsigned int parts[4];
+    #pragma unroll
+    for (int i = 0; i < 4; i++) {
+        parts[i] = (unsigned int)float_to_bf16(v[2 * i]) | ((unsigned int)float_to_bf16(v[2 * i + 1]) << 16);
+    }
+    return make_uint4(parts[0], parts[1], parts[2], parts[3]);
 }
 "#
     };

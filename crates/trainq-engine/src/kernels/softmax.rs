@@ -53,24 +53,6 @@ __device__ void block_logsumexp(float& m, float& s) {
     s = shared_s[0];
 }
 
-// Eight bf16 of a 16-byte word to f32 and back.
-__device__ __forceinline__ void unpack8(uint4 w, float* v) {
-    unsigned int parts[4] = {w.x, w.y, w.z, w.w};
-    #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        v[2 * i] = __uint_as_float(parts[i] << 16);
-        v[2 * i + 1] = __uint_as_float(parts[i] & 0xffff0000u);
-    }
-}
-__device__ __forceinline__ uint4 pack8(const float* v) {
-    unsigned int parts[4];
-    #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        parts[i] = (unsigned int)float_to_bf16(v[2 * i]) | ((unsigned int)float_to_bf16(v[2 * i + 1]) << 16);
-    }
-    return make_uint4(parts[0], parts[1], parts[2], parts[3]);
-}
-
 // One block per row: logprobs[row] = x[t] - logsumexp(x); then x <- softmax(x), in place. Rows
 // whose length is a multiple of 8 are read and written 16 bytes at a time, with one rescale of
 // the running sum per 8 values.
