@@ -73,7 +73,8 @@ case "${1:-}" in
   build-base)
     # A worktree of REV built into the same target directory: third-party crates are shared, only
     # the workspace's own crates compile again. The current tree's binary is linked again at the
-    # end (cargo would not copy a fresh artifact back over target/release/trainq).
+    # end (cargo would not copy a fresh artifact back over target/release/trainq), and its C++
+    # shim compiled again (REV's build script wrote its own into the shared build directory).
     rev=$(git rev-parse "${2:-HEAD}")
     env_file=$(bash ops/setup.sh)
     # shellcheck disable=SC1090
@@ -85,7 +86,7 @@ case "${1:-}" in
     mkdir -p .carry
     cp target/release/trainq .carry/trainq-base
     git worktree remove --force "$tree"
-    touch src/bin/trainq/main.rs
+    touch src/bin/trainq/main.rs crates/trainq-engine/csrc/*
     cargo build --release --locked --bin trainq
     echo "$rev" > .carry/trainq-base.rev
     ls -la .carry

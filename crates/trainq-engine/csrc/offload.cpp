@@ -89,6 +89,21 @@ char* trainq_offload_wait(void* ready, int64_t index) {
   return error;
 }
 
+// Copies CPU tensor `src` to CUDA device `index` on the current stream without waiting: through a
+// pinned staging tensor from the caching host allocator, which keeps the block until the copy has
+// run. (A copy from pageable memory waits for all the work already queued on the stream.) Writes
+// the device tensor to *out.
+char* trainq_upload(const at::Tensor* src, int64_t index, at::Tensor** out) {
+  return guarded([&] {
+    c10::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
+    auto staged = at::empty(src->sizes(), src->options().pinned_memory(true));
+    staged.copy_(*src);
+    auto copy = at::empty(src->sizes(), src->options().device(device));
+    copy.copy_(staged, /*non_blocking=*/true);
+    *out = new at::Tensor(std::move(copy));
+  });
+}
+
 // Frees an error message returned by any entry point of the shim.
 void trainq_free_message(char* message) { free(message); }
 

@@ -13,7 +13,7 @@ pub mod hf_config;
 mod layers;
 pub mod logprobs;
 pub mod loss;
-mod offload;
+pub(crate) mod offload;
 pub mod policy;
 mod transformer;
 pub mod weights;

@@ -2,7 +2,8 @@
 //! memory during the forward and come back one layer ahead of the backward walk, both copies on
 //! a side stream so they overlap with compute (csrc/offload.cpp, compiled by build.rs against
 //! the libtorch tch links). Without the shim, or off CUDA, the copies are plain synchronous
-//! `to_device` calls: the same results, no overlap. One of the few `unsafe` modules (with
+//! `to_device` calls: the same results, no overlap. [`upload`] is the batch's host→device copy
+//! that does not wait for the queued work. One of the few `unsafe` modules (with
 //! kernels/, collective/nccl, flash_varlen and cudnn_varlen).
 #![allow(unsafe_code)]
 
@@ -25,6 +26,7 @@ extern "C" {
     ) -> *mut c_char;
     fn trainq_offload_wait(ready: *mut c_void, index: i64) -> *mut c_char;
     fn trainq_offload_forget(ready: *mut c_void);
+    fn trainq_upload(src: *const c_void, index: i64, out: *mut *mut c_void) -> *mut c_char;
 }
 
 /// Starts moving `t` to host memory (pinned, asynchronous on CUDA) and returns the host tensor.
@@ -40,6 +42,24 @@ pub(crate) fn to_host(t: &Tensor) -> TchResult<Tensor> {
             Ok(unsafe { Tensor::from_ptr(out.cast()) })
         }
         _ => t.f_to_device(Device::Cpu),
+    }
+}
+
+/// Copies host tensor `t` to `device` without waiting for the work already queued there (CUDA:
+/// pinned staging, on the current stream); elsewhere a plain `to_device`. For a step's batch
+/// fields, so the host goes on to launch the forward while the previous step's update runs.
+pub(crate) fn upload(t: &Tensor, device: Device) -> TchResult<Tensor> {
+    match device {
+        #[cfg(trainq_shim)]
+        Device::Cuda(index) if t.device() == Device::Cpu => {
+            let mut out = std::ptr::null_mut();
+            // SAFETY: `t` is a live tch tensor for the call; the shim catches every C++ exception
+            // and returns an error string or a new tensor.
+            check(unsafe { trainq_upload(t.as_ptr().cast(), index as i64, &mut out) })?;
+            // SAFETY: `out` is a `new at::Tensor` handed over to us; tch frees it on drop.
+            Ok(unsafe { Tensor::from_ptr(out.cast()) })
+        }
+        _ => t.f_to_device(device),
     }
 }
 

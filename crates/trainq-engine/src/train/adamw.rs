@@ -36,6 +36,16 @@ pub struct AdamW {
     fused: bool,
 }
 
+/// A step's gradients gathered into the optimizer's flat groups, and their global L2 norm (an
+/// f32 scalar, still on the device) — between [`AdamW::prepare_update`] and
+/// [`AdamW::apply_update`].
+#[derive(Debug)]
+pub struct PreparedUpdate {
+    grads: Vec<Tensor>,
+    /// The global gradient norm before clipping.
+    pub norm: Tensor,
+}
+
 impl AdamW {
     /// A fresh optimizer; moments are created on the first step.
     pub fn new(cfg: OptimizerConfig) -> Self {
@@ -77,30 +87,45 @@ impl AdamW {
     /// Returns the norm before clipping (one device→host read); when it is not finite nothing
     /// is updated and an error is returned. The `.grad()` tensors themselves are not rescaled.
     pub fn clip_and_step(&mut self, params: &[Tensor], max_norm: f64) -> Result<f64> {
+        let update = self.prepare_update(params)?;
+        let norm = update.norm.double_value(&[]);
+        self.apply_update(update, norm, max_norm)?;
+        Ok(norm)
+    }
+
+    /// The first half of [`AdamW::clip_and_step`], with no device→host read: gathers each
+    /// group's gradient and launches the global norm's reduction. The caller reads
+    /// [`PreparedUpdate::norm`] together with whatever else the step reports (one sync), then
+    /// calls [`AdamW::apply_update`].
+    pub fn prepare_update(&mut self, params: &[Tensor]) -> Result<PreparedUpdate> {
         let grads = self.prepare(params)?;
-        if grads.is_empty() {
-            self.steps += 1;
-            return Ok(0.0);
-        }
         let norm = tch::no_grad(|| -> tch::Result<Tensor> {
+            let Some(first) = grads.first() else { return Tensor::f_zeros([], (Kind::Float, tch::Device::Cpu)) };
             // per bucket one reduction reading the gradient in its dtype, accumulating in f32
             let norms = grads
                 .iter()
-                .map(|g| g.f_norm_scalaropt_dtype(2, Kind::Float)?.f_to_device(grads[0].device()))
+                .map(|g| g.f_norm_scalaropt_dtype(2, Kind::Float)?.f_to_device(first.device()))
                 .collect::<tch::Result<Vec<_>>>()?;
             Tensor::f_stack(&norms, 0)?.f_square()?.f_sum(Kind::Float)?.f_sqrt()
         });
-        let norm = norm.map_err(Error::torch("gradient norm"))?;
-        let value = norm.double_value(&[]);
-        if !value.is_finite() {
+        Ok(PreparedUpdate { grads, norm: norm.map_err(Error::torch("gradient norm"))? })
+    }
+
+    /// The second half of [`AdamW::clip_and_step`]: `norm` is the value of `update.norm`. When
+    /// it is not finite nothing is updated and an error is returned.
+    pub fn apply_update(&mut self, update: PreparedUpdate, norm: f64, max_norm: f64) -> Result<()> {
+        if update.grads.is_empty() {
+            self.steps += 1;
+            return Ok(());
+        }
+        if !norm.is_finite() {
             return Err(Error::Torch {
                 what: "optimizer step".into(),
-                source: tch::TchError::Kind(format!("gradient norm is {value}; the update was not applied")),
+                source: tch::TchError::Kind(format!("gradient norm is {norm}; the update was not applied")),
             });
         }
-        let coef = (max_norm > 0.0).then(|| (max_norm / (value + 1e-6)).min(1.0));
-        self.update(&grads, coef)?;
-        Ok(value)
+        let coef = (max_norm > 0.0).then(|| (max_norm / (norm + 1e-6)).min(1.0));
+        self.update(&update.grads, coef)
     }
 
     /// Creates the flat groups and moments on first use, re-attaches moved parameters, and

@@ -3,6 +3,7 @@
 use tch::{Device, Kind, Tensor};
 
 use crate::error::{Error, Result};
+use crate::model::offload::upload;
 use crate::model::BatchSummary;
 use crate::tokenize::MicroBatch;
 
@@ -49,18 +50,17 @@ pub fn to_tensors(batch: &MicroBatch, device: Device) -> Result<MicroBatchTensor
             batch.rows, batch.cols
         )));
     }
-    // A plain copy: tch 0.24's `pin_memory` always passes the device argument that torch 2.11
-    // deprecates, and torch then prints a warning on every call (seen on the H200); the batch
-    // is a few hundred KB of ids, so the pinned, non-blocking copy gained little.
-    let to = |t: Tensor| t.reshape(shape).to_device(device);
+    // Pinned and asynchronous on CUDA (`model::offload::upload`): a pageable copy would wait
+    // for everything queued, the previous step's AdamW update included, before each field.
+    let to = |t: Tensor| upload(&t.reshape(shape), device).map_err(Error::torch("copy a micro-batch to the device"));
     Ok(MicroBatchTensors {
-        input_ids: to(Tensor::from_slice(&batch.input_ids)),
-        position_ids: to(Tensor::from_slice(&batch.position_ids)),
-        targets: to(Tensor::from_slice(&batch.targets)),
-        loss_mask: to(Tensor::from_slice(&batch.loss_mask).to_kind(Kind::Bool)),
-        sampler_logprobs: to(Tensor::from_slice(&batch.sampler_logprobs)),
-        advantages: to(Tensor::from_slice(&batch.advantages)),
-        sequence_index: to(Tensor::from_slice(&batch.sequence_index)),
+        input_ids: to(Tensor::from_slice(&batch.input_ids))?,
+        position_ids: to(Tensor::from_slice(&batch.position_ids))?,
+        targets: to(Tensor::from_slice(&batch.targets))?,
+        loss_mask: to(Tensor::from_slice(&batch.loss_mask).to_kind(Kind::Bool))?,
+        sampler_logprobs: to(Tensor::from_slice(&batch.sampler_logprobs))?,
+        advantages: to(Tensor::from_slice(&batch.advantages))?,
+        sequence_index: to(Tensor::from_slice(&batch.sequence_index))?,
         num_sequences: batch.num_sequences().max(1) as i64,
         summary: BatchSummary::of(&batch.input_ids, &batch.position_ids, &batch.targets, batch.cols),
     })

@@ -45,9 +45,12 @@ pub fn data_parallel_step(
     let mut grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
     all_reduce_gradients(collective, &mut grads, DEFAULT_BUCKET_ELEMENTS)
         .map_err(|e| Error::Collective(format!("gradient all-reduce on rank {rank}: {e}")))?;
-    // The metrics are summed (a read) before the update, so nothing waits for the AdamW kernels.
-    let summed = sum_metrics(collective, &totals, batches)?;
-    let grad_norm = trainer.apply_gradients(&params)?;
+    // The norm (the same on every rank) and the summed metrics are read in one sync before the
+    // update, so nothing waits for the AdamW kernels.
+    let update = trainer.prepare_update(&params)?;
+    let summed = sum_metrics(collective, &totals, batches, &update.norm)?;
+    let grad_norm = summed.grad_norm;
+    trainer.apply_update(update, grad_norm)?;
     let tokens = summed.tokens.max(1.0);
     Ok(StepMetrics {
         loss: summed.loss,
@@ -111,10 +114,18 @@ struct SummedMetrics {
     tokens: f64,
     sequences: f64,
     micro_batches: f64,
+    /// Not summed: the global gradient norm, already the same on every rank.
+    grad_norm: f64,
 }
 
-/// Sums this rank's loss parts and counts over ranks in one reduction (one host sync).
-fn sum_metrics(collective: &dyn Collective, totals: &LossOutput, batches: &[MicroBatch]) -> Result<SummedMetrics> {
+/// Sums this rank's loss parts and counts over ranks in one reduction, and reads them with
+/// `grad_norm` (already global) in one host sync.
+fn sum_metrics(
+    collective: &dyn Collective,
+    totals: &LossOutput,
+    batches: &[MicroBatch],
+    grad_norm: &Tensor,
+) -> Result<SummedMetrics> {
     let device = totals.loss.device();
     let counts = Tensor::from_slice(&[
         batches.iter().map(MicroBatch::num_sequences).sum::<usize>() as f64,
@@ -127,6 +138,7 @@ fn sum_metrics(collective: &dyn Collective, totals: &LossOutput, batches: &[Micr
     local.push(counts);
     let mut joined = Tensor::cat(&local, 0);
     collective.all_reduce_sum(&mut joined)?;
+    let joined = Tensor::cat(&[joined, grad_norm.to_device(device).to_kind(Kind::Double).reshape([1])], 0);
     let v: Vec<f64> = Vec::try_from(joined.to_device(tch::Device::Cpu))
         .map_err(Error::torch(format!("read step metrics on rank {}", collective.rank())))?;
     Ok(SummedMetrics {
@@ -138,6 +150,7 @@ fn sum_metrics(collective: &dyn Collective, totals: &LossOutput, batches: &[Micr
         tokens: v[5],
         sequences: v[6],
         micro_batches: v[7],
+        grad_norm: v[8],
     })
 }
 
@@ -198,13 +211,13 @@ mod tests {
                     totals.tokens += 10.0 * (c.rank() + 1) as f64;
                     totals.loss += 0.5;
                     let batches = vec![MicroBatch::default(); c.rank() + 1];
-                    sum_metrics(&c, &totals, &batches).unwrap()
+                    sum_metrics(&c, &totals, &batches, &Tensor::from(2.5f32)).unwrap()
                 })
             })
             .collect();
         for h in handles {
             let m = h.join().unwrap();
-            assert_eq!((m.tokens, m.loss, m.micro_batches), (30.0, 1.0, 3.0));
+            assert_eq!((m.tokens, m.loss, m.micro_batches, m.grad_norm), (30.0, 1.0, 3.0, 2.5));
         }
     }
 }

@@ -21,6 +21,8 @@ pub(crate) struct FlatBucket {
     pub(crate) members: Vec<usize>,
     /// (offset, element count, shape) of each member in the buffer.
     spans: Vec<(i64, i64, Vec<i64>)>,
+    /// Each member's slot address in the buffer, for [`FlatBucket::attach`]'s check.
+    slots: Vec<usize>,
     /// The members' storage, in their dtype.
     pub(crate) values: Tensor,
 }
@@ -63,7 +65,9 @@ impl FlatBucket {
         }
         let flat: Vec<Tensor> = members.iter().map(|&i| params[i].detach().reshape([-1])).collect();
         let values = tch::no_grad(|| Tensor::f_cat(&flat, 0)).map_err(Error::torch("flatten parameters"))?;
-        let bucket = Self { members, spans, values };
+        let (base, item) = (values.data_ptr() as usize, values.kind().elt_size_in_bytes());
+        let slots = spans.iter().map(|(offset, _, _)| base + *offset as usize * item).collect();
+        let bucket = Self { members, spans, slots, values };
         bucket.attach(params)?;
         Ok(bucket)
     }
@@ -75,15 +79,17 @@ impl FlatBucket {
     }
 
     /// Makes every member live in the buffer: one that was re-pointed elsewhere since (e.g.
-    /// replaced by a load) has its current values copied in first. Host-side pointer checks only.
+    /// replaced by a load) has its current values copied in first. Host-side pointer checks
+    /// only (no tensor op for a member already in place: this runs every step, hundreds of
+    /// members).
     pub(crate) fn attach(&self, params: &[Tensor]) -> Result<()> {
         tch::no_grad(|| {
             for (j, &i) in self.members.iter().enumerate() {
-                let view = self.view(&self.values, j);
                 let p = &params[i];
-                if p.data_ptr() == view.data_ptr() && p.size() == view.size() {
+                if p.data_ptr() as usize == self.slots[j] && p.size() == self.spans[j].2 {
                     continue;
                 }
+                let view = self.view(&self.values, j);
                 if p.size() != view.size() || p.kind() != view.kind() || p.device() != view.device() {
                     let message = format!(
                         "parameter {i} is {:?} {:?}, its slot {:?} {:?}",
@@ -104,20 +110,23 @@ impl FlatBucket {
     /// The members' gradients concatenated as one vector in the members' dtype (zeros where a
     /// member has none).
     pub(crate) fn gradient(&self, params: &[Tensor]) -> Result<Tensor> {
-        let grads: Vec<Tensor> = self
-            .members
-            .iter()
-            .zip(&self.spans)
-            .map(|(&i, (_, n, _))| {
-                let g = params[i].grad();
-                if g.defined() {
-                    g.reshape([-1])
-                } else {
-                    Tensor::zeros([*n], (params[i].kind(), params[i].device()))
-                }
-            })
-            .collect();
-        tch::no_grad(|| Tensor::f_cat(&grads, 0)).map_err(Error::torch("gather gradients"))
+        let gather = || -> tch::Result<Tensor> {
+            let grads = self
+                .members
+                .iter()
+                .zip(&self.spans)
+                .map(|(&i, (_, n, _))| {
+                    let g = params[i].grad();
+                    if g.defined() {
+                        g.f_reshape([-1])
+                    } else {
+                        Tensor::f_zeros([*n], (params[i].kind(), params[i].device()))
+                    }
+                })
+                .collect::<tch::Result<Vec<_>>>()?;
+            Tensor::f_cat(&grads, 0)
+        };
+        tch::no_grad(gather).map_err(Error::torch("gather gradients"))
     }
 
     /// Total element count.

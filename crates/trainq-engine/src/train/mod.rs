@@ -4,7 +4,9 @@
 //! [`PolicyModel`], accumulating gradients of one globally normalized policy loss
 //! ([`crate::model::loss`]), clips the global gradient norm and applies [`AdamW`]. Data-parallel
 //! callers use its parts: [`Trainer::normalizer`] summed over ranks,
-//! [`Trainer::accumulate_gradients`], an all-reduce of the gradients, then [`Trainer::apply_gradients`].
+//! [`Trainer::accumulate_gradients`], an all-reduce of the gradients, [`Trainer::prepare_update`]
+//! (the global norm, on the device), one read of the norm with the summed metrics, then
+//! [`Trainer::apply_update`].
 
 pub mod adamw;
 pub mod batch_tensors;
@@ -14,7 +16,7 @@ pub mod gradients;
 pub mod ranks;
 pub mod trainer;
 
-pub use adamw::{clip_grad_norm, AdamW};
+pub use adamw::{clip_grad_norm, AdamW, PreparedUpdate};
 pub use batch_tensors::{to_tensors, MicroBatchTensors};
 pub use data_parallel::{agree_on_success, copy_from_rank_zero, data_parallel_step};
 pub use flat_params::BUCKET_ELEMENTS;

@@ -3,7 +3,7 @@
 use tch::{Device, Tensor};
 use tokio_util::sync::CancellationToken;
 
-use super::adamw::AdamW;
+use super::adamw::{AdamW, PreparedUpdate};
 use super::batch_tensors::to_tensors;
 use super::PolicyModel;
 use crate::error::{Error, Result};
@@ -73,10 +73,21 @@ impl Trainer {
     pub fn step(&mut self, model: &mut impl PolicyModel, batches: &[MicroBatch]) -> Result<StepMetrics> {
         let normalizer = self.normalizer(batches);
         let totals = self.accumulate_gradients(model, batches, normalizer)?;
-        // The totals are read before the update, not after: nothing waits for the AdamW kernels,
-        // so the next step's host work and launches overlap them.
-        let [loss, policy_loss, kl, tokens, clipped, ratio_sum] = read_totals(&totals)?;
-        let grad_norm = self.apply_gradients(&model.trainable_variables())?;
+        let update = self.prepare_update(&model.trainable_variables())?;
+        // The step's one device→host read, the norm and the loss totals together, comes before
+        // the AdamW launch: nothing waits for the update, and the next step's host work (and
+        // launches) overlap it.
+        let parts = [
+            &update.norm,
+            &totals.loss,
+            &totals.policy_loss,
+            &totals.kl,
+            &totals.tokens,
+            &totals.clipped_tokens,
+            &totals.ratio_sum,
+        ];
+        let [grad_norm, loss, policy_loss, kl, tokens, clipped, ratio_sum] = read_scalars(parts)?;
+        self.apply_update(update, grad_norm)?;
         Ok(StepMetrics {
             loss,
             policy_loss,
@@ -153,23 +164,30 @@ impl Trainer {
         self.cancel = cancel;
     }
 
-    /// Clips the global gradient norm and applies AdamW; returns the norm before clipping.
-    /// The `.grad()` tensors are left as they were (clipping scales the optimizer's flat copy).
-    pub fn apply_gradients(&mut self, params: &[Tensor]) -> Result<f64> {
-        self.optimizer.clip_and_step(params, self.max_grad_norm)
+    /// Gathers the gradients of `params` and launches their global norm (no device read): the
+    /// first half of the update, see [`AdamW::prepare_update`].
+    pub fn prepare_update(&mut self, params: &[Tensor]) -> Result<PreparedUpdate> {
+        self.optimizer.prepare_update(params)
+    }
+
+    /// Clips to the configured global norm (`norm` is the value of `update.norm`, read by the
+    /// caller) and applies AdamW. The `.grad()` tensors are left as they were (clipping scales
+    /// the optimizer's flat copy).
+    pub fn apply_update(&mut self, update: PreparedUpdate, norm: f64) -> Result<()> {
+        self.optimizer.apply_update(update, norm, self.max_grad_norm)
     }
 }
 
-/// The step's loss parts (loss, policy loss, kl, tokens, clipped tokens, ratio sum) in one
-/// device→host read.
-fn read_totals(totals: &LossOutput) -> Result<[f64; 6]> {
-    let parts =
-        [&totals.loss, &totals.policy_loss, &totals.kl, &totals.tokens, &totals.clipped_tokens, &totals.ratio_sum];
+/// Scalar tensors (any float kind, on one device) read as f64 in one device→host copy.
+fn read_scalars<const N: usize>(parts: [&Tensor; N]) -> Result<[f64; N]> {
     let read = || -> tch::Result<Vec<f64>> {
-        let parts =
-            parts.iter().map(|t| t.f_to_kind(tch::Kind::Double)?.f_reshape([1])).collect::<tch::Result<Vec<_>>>()?;
+        let device = parts.last().map_or(Device::Cpu, |t| t.device());
+        let parts = parts
+            .iter()
+            .map(|t| t.f_to_device(device)?.f_to_kind(tch::Kind::Double)?.f_reshape([1]))
+            .collect::<tch::Result<Vec<_>>>()?;
         Vec::<f64>::try_from(Tensor::f_cat(&parts, 0)?.f_to_device(Device::Cpu)?)
     };
-    let values = read().map_err(Error::torch("read the step's loss totals"))?;
-    Ok([values[0], values[1], values[2], values[3], values[4], values[5]])
+    let values = read().map_err(Error::torch("read the step's loss totals and gradient norm"))?;
+    values.try_into().map_err(|v: Vec<f64>| Error::model("step totals", format!("read {} values", v.len())))
 }
