@@ -218,19 +218,23 @@ std::array<bool, 5> needed_grads(torch::autograd::AutogradContext* ctx) {
           ctx->needs_input_grad(4)};
 }
 
-// A linear projection with an optional LoRA adapter (A, B already stacked by the caller). With
-// `swiglu`, its input is the fused gate/up output and it projects silu(gate) · up: only gate/up
-// is kept for the backward, which recomputes silu(gate) · up (one elementwise pass) instead of
-// holding it, (rows, I) less activation memory per layer.
+// What a projection reads (`trainq_projection`'s `input`): x as it is, or silu(gate) · up of the
+// fused gate/up output x — computed again in the backward (only gate/up kept: (rows, I) less
+// activation memory a layer) or kept from the forward (one elementwise pass a layer less).
+enum ProjectionInput : int64_t { kPlain = 0, kSwiGluRecomputed = 1, kSwiGluKept = 2 };
+
+// A linear projection with an optional LoRA adapter (A, B already stacked by the caller), reading
+// x or silu(gate) · up of it as `input` (a ProjectionInput) says.
 class Projection : public torch::autograd::Function<Projection> {
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b, double scale,
-                            bool swiglu) {
-    auto [y, low] = project_forward(swiglu ? swiglu_forward(x) : x, weight, bias, a, b, scale);
-    ctx->save_for_backward({x, weight, a, b, low});
+                            int64_t input) {
+    auto read = input == kPlain ? x : swiglu_forward(x);
+    auto [y, low] = project_forward(read, weight, bias, a, b, scale);
+    ctx->save_for_backward({x, weight, a, b, low, input == kSwiGluKept ? read : at::Tensor()});
     ctx->saved_data["scale"] = scale;
-    ctx->saved_data["swiglu"] = swiglu;
+    ctx->saved_data["input"] = input;
     return y;
   }
 
@@ -238,13 +242,16 @@ class Projection : public torch::autograd::Function<Projection> {
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
     auto& x = saved[0];
-    bool swiglu = ctx->saved_data["swiglu"].toBool();
+    auto input = ctx->saved_data["input"].toInt();
     auto needed = needed_grads(ctx);
-    // The projection's input, for dW and dA: x itself, or silu(gate) · up again.
-    auto input = !swiglu ? x : (needed[1] || needed[3]) ? swiglu_forward(x) : at::Tensor();
-    auto g = project_backward(grads[0].contiguous(), input, saved[1], saved[2], saved[3], saved[4],
+    // The projection's input, for dW and dA: x itself, the kept silu(gate) · up, or it again.
+    auto read = input == kPlain            ? x
+                : input == kSwiGluKept     ? saved[5]
+                : needed[1] || needed[3]   ? swiglu_forward(x)
+                                           : at::Tensor();
+    auto g = project_backward(grads[0].contiguous(), read, saved[1], saved[2], saved[3], saved[4],
                               ctx->saved_data["scale"].toDouble(), needed);
-    auto dx = swiglu && needed[0] ? swiglu_backward(x, g[0]) : g[0];
+    auto dx = input != kPlain && needed[0] ? swiglu_backward(x, g[0]) : g[0];
     return {dx, g[1], g[2], g[3], g[4], at::Tensor(), at::Tensor()};
   }
 };
@@ -365,15 +372,16 @@ char* trainq_swiglu(const at::Tensor* gate_up, at::Tensor** out) {
 }
 
 // x (rows, in) -> x Wᵀ + b + s · (x Aᵀ) Bᵀ (rows, out); bias, a and b may be null (a and b
-// together). With `swiglu`, x is the fused gate/up output (rows, 2·in) and the projection reads
-// silu(gate) · up, recomputed in the backward instead of kept.
+// together). `input` is a ProjectionInput: with either SwiGLU value, x is the fused gate/up
+// output (rows, 2·in) and the projection reads silu(gate) · up.
 char* trainq_projection(const at::Tensor* x, const at::Tensor* weight, const at::Tensor* bias, const at::Tensor* a,
-                        const at::Tensor* b, double scale, int swiglu, at::Tensor** out) {
+                        const at::Tensor* b, double scale, int input, at::Tensor** out) {
   return guarded([&] {
     if (!usable(*x)) throw std::runtime_error("the projection's input must be a contiguous 2-d bf16 CUDA tensor");
     if ((a == nullptr) != (b == nullptr)) throw std::runtime_error("an adapter needs both A and B");
+    if (input < kPlain || input > kSwiGluKept) throw std::runtime_error("unknown projection input " + std::to_string(input));
     *out = new at::Tensor(Projection::apply(*x, *weight, optional(bias, *x), optional(a, *x), optional(b, *x), scale,
-                                            swiglu != 0));
+                                            static_cast<int64_t>(input)));
   });
 }
 

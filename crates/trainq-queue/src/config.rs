@@ -81,6 +81,10 @@ pub struct TrainConfig {
     /// With `activation_checkpointing`, keep the saved layer inputs in pinned host memory,
     /// copied out and back on a side stream that overlaps with compute (CUDA).
     pub activation_offloading: bool,
+    /// With LoRA and without activation checkpointing, keep each MLP's SwiGLU product
+    /// (tokens × intermediate size, in the model dtype, a layer) for the backward instead of
+    /// computing it again there: one elementwise pass a layer less for that memory.
+    pub keep_mlp_activations: bool,
     /// Extra chat-template variables, as the sampler passed them to `apply_chat_template`
     /// (e.g. Qwen3's `{"enable_thinking": false}`), so the training render equals the sampler's.
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
@@ -99,6 +103,7 @@ impl Default for TrainConfig {
             max_tokens_per_micro_batch: DEFAULT_MAX_TOKENS_PER_MICRO_BATCH,
             activation_checkpointing: false,
             activation_offloading: false,
+            keep_mlp_activations: false,
             chat_template_kwargs: serde_json::Map::new(),
         }
     }
@@ -500,6 +505,9 @@ mod tests {
         assert!(err.to_string().contains("activation_checkpointing"), "{err}");
         let both = serde_json::json!({"activation_offloading": true, "activation_checkpointing": true});
         assert!(TrainConfig::from_json(&both).is_ok());
+        assert!(!TrainConfig::default().keep_mlp_activations);
+        let keep = TrainConfig::from_json(&serde_json::json!({"keep_mlp_activations": true})).unwrap();
+        assert!(keep.keep_mlp_activations);
     }
 
     #[test]

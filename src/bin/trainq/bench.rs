@@ -51,6 +51,10 @@ pub(crate) struct TrainBenchArgs {
     /// side stream and come back a layer ahead of the backward walk.
     #[arg(long, requires = "ckpt")]
     offload: bool,
+    /// LoRA: each MLP keeps its SwiGLU product for the backward instead of computing it again
+    /// (the `keep_mlp_activations` train setting; faster, more activation memory).
+    #[arg(long)]
+    keep_mlp: bool,
     /// Timed steps (after the warm-up steps).
     #[arg(long, default_value_t = 5)]
     steps: usize,
@@ -123,6 +127,7 @@ struct Workload {
 struct Memory {
     ckpt: bool,
     offload: bool,
+    keep_mlp: bool,
     fused: bool,
     flash_varlen: bool,
 }
@@ -196,13 +201,19 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
             dumped.push(super::bench_docs::docs_json(docs, seq, micro, bounds));
         }
         let work = Workload { seq, micro, accumulate: args.accumulate, docs };
-        let memory =
-            Memory { ckpt, offload: ckpt && args.offload, fused: !args.no_fused, flash_varlen: args.flash_varlen };
+        let memory = Memory {
+            ckpt,
+            offload: ckpt && args.offload,
+            keep_mlp: args.keep_mlp,
+            fused: !args.no_fused,
+            flash_varlen: args.flash_varlen,
+        };
         let trace = args.trace.as_ref().map(|dir| {
             let ckpt = if ckpt { "-ckpt" } else { "" };
             let packed = if args.packed { "-packed" } else { "" };
             let accumulate = if args.accumulate > 1 { format!("-acc{}", args.accumulate) } else { String::new() };
-            dir.join(format!("{shape}-{mode}-{micro}x{seq}{ckpt}{packed}{accumulate}.json"))
+            let keep = if args.keep_mlp { "-keep-mlp" } else { "" };
+            dir.join(format!("{shape}-{mode}-{micro}x{seq}{ckpt}{packed}{accumulate}{keep}.json"))
         });
         let timing = Timing {
             warmup: args.warmup,
@@ -228,7 +239,7 @@ fn bench_one(
     shape: &str,
     mode: &str,
     work: &Workload,
-    Memory { ckpt, offload, fused, flash_varlen }: Memory,
+    Memory { ckpt, offload, keep_mlp, fused, flash_varlen }: Memory,
     timing: &Timing,
     device: Device,
     peak: Option<f64>,
@@ -241,6 +252,7 @@ fn bench_one(
     let mut policy = Policy::from_config(&hf, lora.as_ref(), device, 0).context("build the model")?;
     policy.set_activation_checkpointing(ckpt);
     policy.set_activation_offloading(offload);
+    policy.set_keep_mlp_activations(keep_mlp);
     policy.set_fused_ops(fused);
     let packed_attention = if flash_varlen { PackedAttention::FlashVarlen } else { PackedAttention::Segments };
     policy.set_packed_attention(packed_attention);
@@ -295,7 +307,7 @@ fn bench_one(
     let mut res = json!({
         "impl": "trainq", "shape": shape, "mode": mode, "seq": seq, "micro": micro,
         "accumulate": work.accumulate, "ckpt": ckpt,
-        "offload": offload, "fused_ops": policy.fused_ops_active(), "params_b": (n_params as f64 / 1e7).round() / 100.0, "tokens_per_s": tokens.round(),
+        "offload": offload, "keep_mlp": keep_mlp, "fused_ops": policy.fused_ops_active(), "params_b": (n_params as f64 / 1e7).round() / 100.0, "tokens_per_s": tokens.round(),
         "step_s": (dt * 1e4).round() / 1e4, "model_tflops": (tflops * 10.0).round() / 10.0,
         "peak_mem_gib": device_memory_used_gib(device),
     });

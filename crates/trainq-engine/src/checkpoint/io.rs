@@ -37,9 +37,11 @@ pub fn load(policy: &mut Policy, trainer: &mut Trainer, dir: &Path) -> Result<()
         Some(_) => load_adapter(policy, dir)?,
         None => {
             let (checkpointing, offloading) = (policy.activation_checkpointing(), policy.activation_offloading());
+            let keep_mlp = policy.keep_mlp_activations();
             *policy = Policy::load(dir, None, policy.device())?;
             policy.set_activation_checkpointing(checkpointing);
             policy.set_activation_offloading(offloading);
+            policy.set_keep_mlp_activations(keep_mlp);
         }
     }
     let optimizer = dir.join(OPTIMIZER_FILE);

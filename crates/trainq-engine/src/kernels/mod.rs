@@ -50,7 +50,7 @@ pub use fused::{
     AddNormArgs, FusedLaunchers, QkvArgs, SwiGluArgs, ADD_NORM_MAX_WIDTH, LAUNCHERS as FUSED_LAUNCHERS,
     NORM_GRAD_BLOCKS,
 };
-pub use softmax::{onehot_minus_scaled_in_place, softmax_rows_in_place};
+pub use softmax::softmax_rows_in_place;
 
 use tch::Device;
 

@@ -1,8 +1,7 @@
 //! Row-wise softmax over the vocabulary for the chunked log-probs, in place on bf16 logits: one
 //! kernel reads a chunk's (C, vocab) logits twice and writes the probabilities once, giving each
 //! row's log-prob of its target from the same pass (libtorch has no bf16→f32 log-softmax kernel,
-//! so the tensor-op path first writes an f32 copy of the logits). A second kernel turns stored
-//! probabilities into `c · (onehot(target) − p)`, the logits' gradient for the lm_head update.
+//! so the tensor-op path first writes an f32 copy of the logits).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use tch::{Device, Kind, Tensor};
@@ -103,30 +102,6 @@ extern "C" __global__ void __launch_bounds__(1024) softmax_rows_bf16(unsigned sh
         }
     }
 }
-
-// One block per row: p <- coef[row] * (onehot(targets[row]) - p), in place.
-extern "C" __global__ void __launch_bounds__(1024) onehot_minus_scaled_bf16(unsigned short* probs, const long long* targets,
-                                                    const float* coef, long long vocab) {
-    unsigned short* p = probs + (long long)blockIdx.x * vocab;
-    float c = coef[blockIdx.x];
-    long long t = targets[blockIdx.x];
-    if ((vocab & 7) == 0) {
-        uint4* pv = (uint4*)p;
-        for (long long i = threadIdx.x; i < vocab / 8; i += blockDim.x) {
-            float v[8];
-            unpack8(pv[i], v);
-            #pragma unroll
-            for (int j = 0; j < 8; j++) v[j] = (8 * i + j == t) ? c - c * v[j] : -c * v[j];
-            pv[i] = pack8(v);
-        }
-        return;
-    }
-    for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float d = -c * bf16_to_float(p[i]);
-        if (i == t) d += c;
-        p[i] = float_to_bf16(d);
-    }
-}
 "#
 );
 
@@ -174,9 +149,4 @@ fn launch(kernel: &str, rows: &Tensor, targets: &Tensor, per_row: &Tensor) -> Re
 /// `log softmax(row)[targets[row]]` into `logprobs` (C,) f32 (0 for a target outside the row).
 pub fn softmax_rows_in_place(logits: &Tensor, targets: &Tensor, logprobs: &Tensor) -> Result<()> {
     launch("softmax_rows_bf16", logits, targets, logprobs)
-}
-
-/// Replaces each row of `probs` (C, V) bf16 by `coef[row] · (onehot(targets[row]) − row)`.
-pub fn onehot_minus_scaled_in_place(probs: &Tensor, targets: &Tensor, coef: &Tensor) -> Result<()> {
-    launch("onehot_minus_scaled_bf16", probs, targets, coef)
 }

@@ -50,7 +50,7 @@ extern "C" {
         a: *const c_void,
         b: *const c_void,
         scale: f64,
-        swiglu: i32,
+        input: i32,
         out: *mut *mut c_void,
     ) -> *mut c_char;
 }
@@ -177,16 +177,26 @@ pub(crate) fn add_rms_norm(x: &Tensor, h: &Tensor, weight: &Tensor, eps: f64) ->
     }
 }
 
+/// What [`projection`] reads: its input as it is, or `silu(gate) · up` of a fused gate/up
+/// output (rows, 2·in), which the backward either computes again from gate/up (less activation
+/// memory: only gate/up is kept) or takes from the forward (less time: one elementwise pass a
+/// layer less, (rows, in) more memory). The values are the shim's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ProjectionInput {
+    Plain = 0,
+    SwiGluRecomputed = 1,
+    SwiGluKept = 2,
+}
+
 /// `x Wᵀ + b + s · (x Aᵀ) Bᵀ` for x (rows, in) with an optional adapter, as one autograd node
-/// whose backward adds the adapter's input gradient into the base one in its GEMM's epilogue.
-/// With `swiglu`, x is the fused gate/up output (rows, 2·in) and the projection reads
-/// `silu(gate) · up`, computed again in the backward rather than kept (less activation memory).
+/// whose backward adds the adapter's input gradient into the base one in its GEMM's epilogue;
+/// `input` says whether it reads x or `silu(gate) · up` of it.
 pub(crate) fn projection(
     x: &Tensor,
     weight: &Tensor,
     bias: Option<&Tensor>,
     lora: Option<&LowRank>,
-    swiglu: bool,
+    input: ProjectionInput,
 ) -> TchResult<Tensor> {
     #[cfg(trainq_shim)]
     {
@@ -201,7 +211,7 @@ pub(crate) fn projection(
                 optional_ptr(lora.map(|l| &l.a)),
                 optional_ptr(lora.map(|l| &l.b)),
                 lora.map_or(1.0, |l| l.scale),
-                i32::from(swiglu),
+                input as i32,
                 &mut out,
             )
         })?;
@@ -210,7 +220,7 @@ pub(crate) fn projection(
     }
     #[cfg(not(trainq_shim))]
     {
-        let _ = (x, weight, bias, lora, swiglu);
+        let _ = (x, weight, bias, lora, input);
         Err(not_built())
     }
 }

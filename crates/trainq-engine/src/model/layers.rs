@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use tch::{nn, Device, Kind, TchError, Tensor};
 
-use super::fused_ops::projection;
+use super::fused_ops::{projection, ProjectionInput};
 use super::hf_config::{HfConfig, RopeKind};
 
 /// Results of libtorch calls inside the model; mapped to the crate error at the public API.
@@ -135,7 +135,7 @@ pub(crate) fn project(
 ) -> TchResult<Tensor> {
     let size = output_size(x, weight.size()[0]);
     let y = if fused {
-        projection(&x.f_reshape([-1, weight.size()[1]])?, weight, bias, lora, false)?
+        projection(&x.f_reshape([-1, weight.size()[1]])?, weight, bias, lora, ProjectionInput::Plain)?
     } else {
         let mut y = linear_rows(x, weight, bias)?;
         if let Some(lora) = lora {

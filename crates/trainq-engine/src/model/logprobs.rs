@@ -11,10 +11,11 @@
 //! - when `lm_head` itself trains (full fine-tune), `p` is kept and a zero "probe" added to the
 //!   log-probs records each token's upstream gradient `c = dL/dlp` during the loss backward;
 //!   `PendingLmHeadGrad::apply` (from `Policy::finish_backward`) then forms
-//!   `dW = Σ_chunks (c · (onehot(y) − p))ᵀ h` and accumulates it into `lm_head`'s gradient.
+//!   `dW = Σ_chunks (onehot(y) − p)ᵀ (c · h)` and accumulates it into `lm_head`'s gradient.
 //!
 //! Compared with autograd through `log_softmax`, nothing of size (tokens × vocab) is kept in
-//! f32, and the vocabulary-wide work is two or three passes over bf16 per chunk.
+//! f32, and the vocabulary-wide work is two passes over bf16 per chunk (a full fine-tune's GEMM reads the
+//! kept softmax once more).
 
 use tch::{Kind, Tensor};
 
@@ -90,35 +91,68 @@ pub(crate) fn chunked_logprobs(
 }
 
 impl PendingLmHeadGrad {
-    /// After the loss backward: accumulates `Σ (c · (onehot(y) − p))ᵀ h` into `lm_head`'s
-    /// gradient (nothing if the backward did not reach the log-probs).
+    /// After the loss backward: accumulates `Σ (onehot(y) − p)ᵀ (c · h)` into `lm_head`'s
+    /// gradient (nothing if the backward did not reach the log-probs). The `− pᵀ (c · h)` part
+    /// is one GEMM per chunk over the kept softmax (no pass that rewrites it); the one-hot part
+    /// adds each token's rows of `c · h` to its row of the gradient — summed per chunk by a
+    /// small GEMM first, so a token seen many times is rounded once, not once per occurrence.
     pub(crate) fn apply(self, lm_head: &Tensor) -> TchResult<()> {
-        let upstream = self.probe.grad();
+        let Self { probe, hidden, targets, probs } = self;
+        let upstream = probe.grad();
         if !upstream.defined() {
             return Ok(());
         }
         let total = tch::no_grad(|| -> TchResult<Option<Tensor>> {
+            let Some(chunk) = probs.first().map(|p| p.size()[0]) else { return Ok(None) };
+            // −c · h, (N, H) in the model dtype: the GEMMs below then add, never subtract
+            let scaled = hidden.f_mul(&upstream.f_neg()?.f_unsqueeze(-1)?)?.f_to_kind(hidden.kind())?;
             let mut total: Option<Tensor> = None;
             let mut start = 0;
-            for probs in self.probs {
-                let len = probs.size()[0];
-                let (t, c) = (self.targets.f_narrow(0, start, len)?, upstream.f_narrow(0, start, len)?);
-                let d = onehot_minus_scaled(probs, &t, &c)?.f_transpose(0, 1)?;
-                let h = self.hidden.f_narrow(0, start, len)?;
+            // each chunk's softmax is freed as soon as its GEMM is queued
+            for p in probs {
+                let len = p.size()[0];
+                let (p, v) = (p.f_transpose(0, 1)?, scaled.f_narrow(0, start, len)?);
                 total = Some(match total {
-                    None => d.f_matmul(&h)?,
-                    Some(mut acc) => acc.f_addmm_(&d, &h)?,
+                    None => p.f_matmul(&v)?,
+                    Some(mut acc) => acc.f_addmm_(&p, &v)?,
                 });
                 start += len;
             }
-            Ok(total)
+            let Some(mut total) = total else { return Ok(None) };
+            let rows = per_token_sums(&scaled, &targets, chunk)?;
+            let _ = total.f_index_add_(0, &targets, &rows.f_neg()?)?;
+            Ok(Some(total))
         })?;
-        match total {
-            // d⟨W, G⟩/dW = G, accumulated into W's gradient like any other contribution
-            Some(g) => lm_head.f_mul(&g)?.f_sum(Kind::Float)?.f_backward(),
-            None => Ok(()),
+        let Some(g) = total else { return Ok(()) };
+        let mut grad = lm_head.grad();
+        if grad.defined() {
+            // tied to the embedding, whose gradient the backward already set: add in place
+            tch::no_grad(|| grad.f_add_(&g)).map(|_| ())
+        } else {
+            // d⟨W, G⟩/dW = G: autograd sets W's gradient as it would any other
+            lm_head.f_mul(&g)?.f_sum(Kind::Float)?.f_backward()
         }
     }
+}
+
+/// Rows (N, H) of `values` summed per target within each chunk of `chunk` tokens: the row of a
+/// target's first occurrence in its chunk holds the sum over the chunk's occurrences (one GEMM
+/// accumulating in f32), every other row is zero — so `index_add_` of the result by `targets`
+/// adds each (chunk, target) once.
+fn per_token_sums(values: &Tensor, targets: &Tensor, chunk: i64) -> TchResult<Tensor> {
+    let (n, width) = (values.size()[0], values.size()[1]);
+    let chunks = (n + chunk - 1) / chunk;
+    let pad = chunks * chunk - n;
+    // padding: target −1 (equal only to other padding) with zero values
+    let device = values.device();
+    let t = Tensor::f_cat(&[targets.shallow_clone(), Tensor::f_full([pad], -1, (Kind::Int64, device))?], 0)?;
+    let t = t.f_reshape([chunks, chunk])?;
+    let v = Tensor::f_cat(&[values.shallow_clone(), Tensor::f_zeros([pad, width], (values.kind(), device))?], 0)?;
+    let v = v.f_reshape([chunks, chunk, width])?;
+    let same = t.f_unsqueeze(2)?.f_eq_tensor(&t.f_unsqueeze(1)?)?; // (B, C, C)
+    let seen_before = same.f_tril(-1)?.f_any_dim(2, false)?; // (B, C)
+    let pick = same.f_logical_and(&seen_before.f_logical_not()?.f_unsqueeze(2)?)?.f_to_kind(values.kind())?;
+    pick.f_bmm(&v)?.f_reshape([chunks * chunk, width])?.f_narrow(0, 0, n)
 }
 
 /// Each row's log-prob of its target (C,) f32 and, if `need_probs`, the softmax (C, V) in the
@@ -134,19 +168,6 @@ fn softmax_and_logprobs(logits: &Tensor, targets: &Tensor, need_probs: bool) -> 
         logits.f_log_softmax(-1, Kind::Float)?.f_gather(-1, &targets.f_unsqueeze(-1)?, false)?.f_squeeze_dim(-1)?;
     let probs = if need_probs { Some(logits.f_softmax(-1, logits.kind())?) } else { None };
     Ok((lp, probs))
-}
-
-/// `c · (onehot(targets) − probs)` row by row, (C, V) in the probabilities' dtype (in place on
-/// CUDA with bf16).
-fn onehot_minus_scaled(probs: Tensor, targets: &Tensor, coef: &Tensor) -> TchResult<Tensor> {
-    if kernels_run_on(&probs) {
-        crate::kernels::onehot_minus_scaled_in_place(&probs, &targets.f_contiguous()?, &coef.f_contiguous()?)
-            .map_err(kernel_failed)?;
-        return Ok(probs);
-    }
-    let c = coef.f_unsqueeze(-1)?;
-    let mut d = probs.f_mul(&c.f_neg()?.f_to_kind(probs.kind())?)?;
-    d.f_scatter_add_(-1, &targets.f_unsqueeze(-1)?, &c.f_to_kind(probs.kind())?)
 }
 
 /// Whether our kernels run on `device` (bf16 on CUDA, compiled there); when they cannot, says
@@ -222,6 +243,31 @@ mod tests {
             ours_w.allclose(&w2.grad(), 1e-4, 1e-5, false),
             "max diff {}",
             (&ours_w - w2.grad()).abs().max().double_value(&[])
+        );
+    }
+
+    #[test]
+    fn a_tied_lm_head_adds_its_part_to_the_embedding_gradient() {
+        tch::manual_seed(5);
+        let (n, h, v) = (LOGPROB_CHUNK_TOKENS + 9, 8, 30);
+        let w = Tensor::randn([v, h], (Kind::Float, Device::Cpu)).set_requires_grad(true);
+        let ids = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
+        let t = Tensor::randint(v, [n], (Kind::Int64, Device::Cpu));
+        let upstream = Tensor::randn([n], (Kind::Float, Device::Cpu));
+
+        // the hidden states come from the same matrix, as with tied embeddings
+        let (ours, pending) = chunked_logprobs(&Tensor::embedding(&w, &ids, -1, false, false), &w, &t).unwrap();
+        (&ours * &upstream).sum(Kind::Float).backward();
+        assert!(w.grad().defined(), "the embedding's part is there before apply");
+        pending.expect("a trained lm_head defers its gradient").apply(&w).unwrap();
+
+        let w2 = w.detach().copy().set_requires_grad(true);
+        let reference = plain(&Tensor::embedding(&w2, &ids, -1, false, false), &w2, &t);
+        (&reference * &upstream).sum(Kind::Float).backward();
+        assert!(
+            w.grad().allclose(&w2.grad(), 1e-4, 1e-5, false),
+            "max diff {}",
+            (w.grad() - w2.grad()).abs().max().double_value(&[])
         );
     }
 }

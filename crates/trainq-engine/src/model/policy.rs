@@ -92,11 +92,12 @@ impl Policy {
     }
 
     /// [`Policy::load`] with `cfg`'s LoRA and memory settings (activation checkpointing and
-    /// offloading): the policy a worker trains.
+    /// offloading, kept MLP activations): the policy a worker trains.
     pub fn load_for_training(dir: &Path, cfg: &TrainConfig, device: Device) -> Result<Policy> {
         let mut policy = Self::load(dir, cfg.lora.as_ref(), device)?;
         policy.set_activation_checkpointing(cfg.activation_checkpointing);
         policy.set_activation_offloading(cfg.activation_offloading);
+        policy.set_keep_mlp_activations(cfg.keep_mlp_activations);
         Ok(policy)
     }
 
@@ -281,6 +282,22 @@ impl Policy {
     /// walk, on a side stream (see `model::offload`). No effect without checkpointing.
     pub fn set_activation_offloading(&mut self, enabled: bool) {
         self.activation_offloading = enabled;
+    }
+
+    /// Whether LoRA layers keep each MLP's SwiGLU product for the backward
+    /// ([`Policy::set_keep_mlp_activations`]).
+    pub fn keep_mlp_activations(&self) -> bool {
+        self.lm.keep_mlp_activations
+    }
+
+    /// With the fused ops, LoRA and no activation checkpointing: on, each layer's MLP keeps its
+    /// SwiGLU product `silu(gate) · up` (tokens × intermediate size, a layer) for the backward;
+    /// off (the default), only the gate/up output is kept and the backward computes the product
+    /// again, one elementwise pass a layer. Full fine-tunes keep it either way (the down
+    /// projection's weight gradient reads it), and checkpointed layers keep it for the one layer
+    /// being recomputed.
+    pub fn set_keep_mlp_activations(&mut self, enabled: bool) {
+        self.lm.keep_mlp_activations = enabled;
     }
 
     /// How rows holding several documents attend: per document segment (the default) or through

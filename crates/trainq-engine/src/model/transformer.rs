@@ -6,7 +6,7 @@ use tch::{nn, Device, Kind, Tensor};
 use super::cudnn_varlen::{cudnn_varlen, RaggedBatch};
 use super::flash_varlen::{flash_varlen, CuSeqlens};
 use super::fused_linear::FusedLinear;
-use super::fused_ops::{add_rms_norm, add_rms_norm_fits, projection, qkv_norm_rope, swiglu, QkvSpec};
+use super::fused_ops::{add_rms_norm, add_rms_norm_fits, projection, qkv_norm_rope, swiglu, ProjectionInput, QkvSpec};
 use super::hf_config::{Architecture, HfConfig};
 use super::layers::{output_size, Init, Linear, LoraSpec, RmsNorm, RopeTables, RotaryEmbedding, TchResult};
 
@@ -152,8 +152,9 @@ impl Mlp {
     }
 
     /// (B, L, hidden) -> (B, L, hidden); with `fused`, SwiGLU is one op of ours, and with frozen
-    /// weights (LoRA) one op with the down projection that keeps only the gate/up output.
-    fn forward(&self, x: &Tensor, fused: bool) -> TchResult<Tensor> {
+    /// weights (LoRA) one op with the down projection that keeps the gate/up output and, if
+    /// `keep_product`, `silu(gate) · up` as well (else the backward computes it again).
+    fn forward(&self, x: &Tensor, fused: bool, keep_product: bool) -> TchResult<Tensor> {
         // (B, L, hidden) -> (B, L, 2·I): gate, then up
         let gate_up = self.gate_up.forward(x, fused)?;
         let i = self.intermediate;
@@ -167,7 +168,8 @@ impl Mlp {
         if down.weight.requires_grad() {
             return down.forward(&swiglu(&rows)?.f_view([b, l, i])?, true);
         }
-        let y = projection(&rows, &down.weight, down.bias.as_ref(), down.adapter().as_ref(), true)?;
+        let input = if keep_product { ProjectionInput::SwiGluKept } else { ProjectionInput::SwiGluRecomputed };
+        let y = projection(&rows, &down.weight, down.bias.as_ref(), down.adapter().as_ref(), input)?;
         y.f_view(output_size(x, down.weight.size()[0]).as_slice())
     }
 }
@@ -193,25 +195,28 @@ impl DecoderLayer {
     }
 
     /// Layer by layer (activation checkpointing recomputes one at a time): (B, L, hidden) ->
-    /// (B, L, hidden).
+    /// (B, L, hidden). Only one layer's activations live at a time here, so the MLP keeps its
+    /// SwiGLU product rather than computing it again in the backward.
     pub(super) fn forward(&self, x: &Tensor, rope: &RopeTables, layout: &DocumentLayout) -> TchResult<Tensor> {
-        let (x, mlp) = self.blocks(x, &self.input_layernorm.forward(x)?, rope, layout)?;
+        let (x, mlp) = self.blocks(x, &self.input_layernorm.forward(x)?, rope, layout, true)?;
         x.f_add(&mlp)
     }
 
     /// The attention and MLP blocks from the residual stream `x` and its input norm `normed`:
     /// returns the stream after attention and the MLP's output, whose sum is the layer's output.
     /// The sum is left to the caller, which runs it with the next norm as one op.
+    /// `keep_mlp_product`: see [`Mlp::forward`].
     fn blocks(
         &self,
         x: &Tensor,
         normed: &Tensor,
         rope: &RopeTables,
         layout: &DocumentLayout,
+        keep_mlp_product: bool,
     ) -> TchResult<(Tensor, Tensor)> {
         let attn = self.self_attn.forward(normed, rope, layout)?;
         let (x, normed) = add_then_norm(x, &attn, &self.post_attention_layernorm, rope.fused())?;
-        let mlp = self.mlp.forward(&normed, rope.fused())?;
+        let mlp = self.mlp.forward(&normed, rope.fused(), keep_mlp_product)?;
         Ok((x, mlp))
     }
 }
@@ -243,6 +248,9 @@ pub(crate) struct CausalLm {
     pub(crate) lm_head: Tensor,
     /// Whether forwards on CUDA in bf16 run the fused q/k/v and SwiGLU ops (`model::fused_ops`).
     pub(crate) fused_ops: bool,
+    /// Whether a LoRA layer's fused MLP keeps its SwiGLU product for the backward (faster, one
+    /// (tokens, intermediate) tensor a layer more) instead of computing it again.
+    pub(crate) keep_mlp_activations: bool,
 }
 
 impl CausalLm {
@@ -261,7 +269,7 @@ impl CausalLm {
             init.weight(&(root / "lm_head"), "weight", &[cfg.vocab_size, cfg.hidden_size], false)?
         };
         let rotary = RotaryEmbedding::new(cfg, root.device(), init.kind)?;
-        Ok(Self { embed_tokens, layers, norm, rotary, lm_head, fused_ops: true })
+        Ok(Self { embed_tokens, layers, norm, rotary, lm_head, fused_ops: true, keep_mlp_activations: false })
     }
 
     /// Final hidden states (B, L, hidden) after the last norm, for `input_ids` and
@@ -286,7 +294,7 @@ impl CausalLm {
                 }
                 None => layer.input_layernorm.forward(&x)?,
             };
-            let (stream, mlp) = layer.blocks(&x, &normed, &rope, layout)?;
+            let (stream, mlp) = layer.blocks(&x, &normed, &rope, layout, self.keep_mlp_activations)?;
             x = stream;
             pending = Some(mlp);
         }
