@@ -14,8 +14,8 @@
 //!   `dW = Σ_chunks (onehot(y) − p)ᵀ (c · h)` and accumulates it into `lm_head`'s gradient.
 //!
 //! Compared with autograd through `log_softmax`, nothing of size (tokens × vocab) is kept in
-//! f32, and the vocabulary-wide work is two passes over bf16 per chunk (a full fine-tune's GEMM reads the
-//! kept softmax once more).
+//! f32, and the vocabulary-wide work is two passes over bf16 per chunk (a full fine-tune's GEMM
+//! reads the kept softmax once more).
 
 use tch::{Kind, Tensor};
 
@@ -103,7 +103,6 @@ impl PendingLmHeadGrad {
             return Ok(());
         }
         let total = tch::no_grad(|| -> TchResult<Option<Tensor>> {
-            let Some(chunk) = probs.first().map(|p| p.size()[0]) else { return Ok(None) };
             // −c · h, (N, H) in the model dtype: the GEMMs below then add, never subtract
             let scaled = hidden.f_mul(&upstream.f_neg()?.f_unsqueeze(-1)?)?.f_to_kind(hidden.kind())?;
             let mut total: Option<Tensor> = None;
@@ -119,7 +118,7 @@ impl PendingLmHeadGrad {
                 start += len;
             }
             let Some(mut total) = total else { return Ok(None) };
-            let rows = per_token_sums(&scaled, &targets, chunk)?;
+            let rows = per_token_sums(&scaled, &targets, LOGPROB_CHUNK_TOKENS)?;
             let _ = total.f_index_add_(0, &targets, &rows.f_neg()?)?;
             Ok(Some(total))
         })?;
