@@ -82,9 +82,11 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
     let (_, loss_offload, grad_offload) = measure(&mut gpu, &batch, true)?;
     gpu.set_activation_offloading(false);
     let cos_offload = cosine(&grad_offload, &grad_ckpt);
-    // The same plain step with each MLP's SwiGLU product kept instead of computed again.
+    // The same plain step with each MLP's SwiGLU product kept instead of computed again (only the
+    // training forward keeps anything, so the loss and the gradients tell the two apart; the
+    // no-grad log-probs would be the same op either way).
     gpu.set_keep_mlp_activations(true);
-    let (lp_keep, loss_keep, grad_keep) = measure(&mut gpu, &batch, false)?;
+    let (_, loss_keep, grad_keep) = measure(&mut gpu, &batch, false)?;
     gpu.set_keep_mlp_activations(false);
     // The packed rows through the dense document mask (K/V repeated) instead of per segment.
     gpu.set_packed_attention(PackedAttention::DenseMask);
@@ -106,8 +108,8 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
     let loss_diff = (loss_gpu - loss_cpu).abs();
     let cos_bf16 = cosine(&grad_gpu, &grad_cpu);
     let cos_ckpt = cosine(&grad_ckpt, &grad_gpu);
-    let keep_vs_recompute = (&lp_keep - &lp_gpu).abs().max().double_value(&[]);
     let cos_keep = cosine(&grad_keep, &grad_gpu);
+    let keep_grad_max = (&grad_keep - &grad_gpu).abs().max().double_value(&[]);
     // The same step with the fused q/k/v and SwiGLU ops off (libtorch's tensor ops).
     let fused_ran = gpu.fused_ops_active();
     gpu.set_fused_ops(false);
@@ -122,8 +124,7 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
         "logprobs": lp_mean <= LOGPROB_MEAN_TOLERANCE, "loss": loss_diff <= LOSS_ABS_TOLERANCE,
         "grads_bf16_vs_f32": cos_bf16 >= GRAD_COSINE_MIN, "grads_ckpt_vs_plain": cos_ckpt >= GRAD_COSINE_MIN,
         "offload_vs_ckpt": cos_offload >= GRAD_COSINE_MIN && (loss_offload - loss_ckpt).abs() <= LOSS_ABS_TOLERANCE,
-        "keep_mlp_vs_recompute": keep_vs_recompute == 0.0 && cos_keep >= GRAD_COSINE_MIN
-            && (loss_keep - loss_gpu).abs() <= LOSS_ABS_TOLERANCE,
+        "keep_mlp_vs_recompute": cos_keep >= GRAD_COSINE_MIN && (loss_keep - loss_gpu).abs() <= LOSS_ABS_TOLERANCE,
         "adamw_fused_vs_ops": adamw_f32 <= ADAMW_F32_TOLERANCE && adamw_bf16 <= ADAMW_BF16_TOLERANCE,
         "adamw_fused_ran_on_cuda": !device.is_cuda() || (fused_f32 && fused_bf16),
         "packed_segments_vs_mask": seg_vs_mask <= LOGPROB_MEAN_TOLERANCE && cos_seg_mask >= GRAD_COSINE_MIN
@@ -144,7 +145,7 @@ pub(crate) fn run_check(args: CheckArgs) -> Result<()> {
             "loss_f32_cpu": loss_cpu, "loss_bf16_cuda": loss_gpu, "loss_bf16_cuda_ckpt": loss_ckpt, "loss_abs_diff": loss_diff,
             "grad_cosine_bf16_vs_f32": cos_bf16, "grad_cosine_ckpt_vs_plain": cos_ckpt,
             "offload_vs_ckpt": {"grad_cosine": cos_offload, "loss_abs_diff": (loss_offload - loss_ckpt).abs()},
-            "keep_mlp_vs_recompute": {"logprob_max_abs_diff": keep_vs_recompute, "grad_cosine": cos_keep,
+            "keep_mlp_vs_recompute": {"grad_cosine": cos_keep, "grad_max_abs_diff": keep_grad_max,
                 "loss_abs_diff": (loss_keep - loss_gpu).abs()},
             "grad_norm_f32_cpu": norm(&grad_cpu), "grad_norm_bf16_cuda": norm(&grad_gpu),
             "adamw_fused_ran": fused_f32 && fused_bf16, "adamw_fused_vs_ops_f32": adamw_f32, "adamw_fused_vs_ops_bf16": adamw_bf16,

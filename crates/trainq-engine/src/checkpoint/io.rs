@@ -36,12 +36,9 @@ pub fn load(policy: &mut Policy, trainer: &mut Trainer, dir: &Path) -> Result<()
     match policy.lora_config() {
         Some(_) => load_adapter(policy, dir)?,
         None => {
-            let (checkpointing, offloading) = (policy.activation_checkpointing(), policy.activation_offloading());
-            let keep_mlp = policy.keep_mlp_activations();
+            let memory = policy.memory_settings();
             *policy = Policy::load(dir, None, policy.device())?;
-            policy.set_activation_checkpointing(checkpointing);
-            policy.set_activation_offloading(offloading);
-            policy.set_keep_mlp_activations(keep_mlp);
+            policy.set_memory_settings(memory);
         }
     }
     let optimizer = dir.join(OPTIMIZER_FILE);
@@ -50,4 +47,29 @@ pub fn load(policy: &mut Policy, trainer: &mut Trainer, dir: &Path) -> Result<()
         trainer.optimizer_mut().load_named_state(&state, &policy.trainable_variables())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{tiny_qwen3_config, MemorySettings};
+    use tch::Device;
+    use trainq_queue::config::TrainConfig;
+
+    /// A full fine-tune's checkpoint replaces the whole policy; the run's memory settings stay.
+    #[test]
+    fn loading_a_full_checkpoint_keeps_the_memory_settings() {
+        let mut policy = Policy::from_config(&tiny_qwen3_config(64), None, Device::Cpu, 0).unwrap();
+        let settings =
+            MemorySettings { activation_checkpointing: true, activation_offloading: true, keep_mlp_activations: true };
+        policy.set_memory_settings(settings);
+        let mut trainer = Trainer::new(&TrainConfig::default(), Device::Cpu);
+        let dir = tempfile::tempdir().unwrap();
+        save(&policy, &trainer, dir.path(), "/nonexistent-base").unwrap();
+        // No step was taken, so there are no moments to restore; the weights are what matter here.
+        std::fs::remove_file(dir.path().join(OPTIMIZER_FILE)).unwrap();
+        load(&mut policy, &mut trainer, dir.path()).unwrap();
+        assert_eq!(policy.memory_settings(), settings);
+        assert_ne!(Policy::load(dir.path(), None, Device::Cpu).unwrap().memory_settings(), settings);
+    }
 }

@@ -19,5 +19,5 @@ mod transformer;
 pub mod weights;
 
 pub use hf_config::{tiny_qwen3_config, Architecture, HfConfig};
-pub use policy::{default_kind, is_lora_name, BatchSummary, Policy};
+pub use policy::{default_kind, is_lora_name, BatchSummary, MemorySettings, Policy};
 pub use transformer::{packed_attention_kernel, segment_lengths, PackedAttention};

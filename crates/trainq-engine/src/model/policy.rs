@@ -74,6 +74,30 @@ impl BatchSummary {
     }
 }
 
+/// What a policy trades memory for: the train config's activation checkpointing, activation
+/// offloading and kept MLP activations. They belong to the run, not to the weights, so a policy
+/// reloaded from a checkpoint takes them over from the one it replaces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MemorySettings {
+    /// Keep only each layer's input in the forward and recompute the layer in the backward.
+    pub activation_checkpointing: bool,
+    /// With checkpointing, keep those layer inputs in pinned host memory.
+    pub activation_offloading: bool,
+    /// LoRA MLPs keep their SwiGLU product for the backward instead of recomputing it.
+    pub keep_mlp_activations: bool,
+}
+
+impl MemorySettings {
+    /// The settings `cfg` asks for.
+    pub fn of(cfg: &TrainConfig) -> Self {
+        Self {
+            activation_checkpointing: cfg.activation_checkpointing,
+            activation_offloading: cfg.activation_offloading,
+            keep_mlp_activations: cfg.keep_mlp_activations,
+        }
+    }
+}
+
 /// The dtype a policy uses on `device`: bf16 on CUDA, f32 elsewhere.
 pub fn default_kind(device: Device) -> Kind {
     if device.is_cuda() {
@@ -95,10 +119,24 @@ impl Policy {
     /// offloading, kept MLP activations): the policy a worker trains.
     pub fn load_for_training(dir: &Path, cfg: &TrainConfig, device: Device) -> Result<Policy> {
         let mut policy = Self::load(dir, cfg.lora.as_ref(), device)?;
-        policy.set_activation_checkpointing(cfg.activation_checkpointing);
-        policy.set_activation_offloading(cfg.activation_offloading);
-        policy.set_keep_mlp_activations(cfg.keep_mlp_activations);
+        policy.set_memory_settings(MemorySettings::of(cfg));
         Ok(policy)
+    }
+
+    /// The memory settings this policy trains with.
+    pub fn memory_settings(&self) -> MemorySettings {
+        MemorySettings {
+            activation_checkpointing: self.activation_checkpointing,
+            activation_offloading: self.activation_offloading,
+            keep_mlp_activations: self.keep_mlp_activations(),
+        }
+    }
+
+    /// Sets all three memory settings at once (e.g. on a policy that replaces this one).
+    pub fn set_memory_settings(&mut self, settings: MemorySettings) {
+        self.set_activation_checkpointing(settings.activation_checkpointing);
+        self.set_activation_offloading(settings.activation_offloading);
+        self.set_keep_mlp_activations(settings.keep_mlp_activations);
     }
 
     /// Whether activation offloading is on.
