@@ -196,24 +196,33 @@ template <int E, int L> __device__ void qkv_bwd(const unsigned short* qkv, const
         int head = p.head;
         bool is_q = head < H, is_v = head >= H + KV;
         unsigned short* dst = dqkv + row * D + sub * E;
-        float dy[E];
+        bool norm = !is_v && (is_q ? qw != 0 : kw != 0);
+        // Every load of the row is issued here, before any shuffle waits on one: the row's
+        // gradient, cos/sin, and the projection output and rstd the norm's backward reads.
+        float dy[E], x[E], c[E], s[E], r = 1.0f;
         if (is_v) {
             load_row<E>(dv + (tok * KV + (head - H - KV)) * D + sub * E, dy);
         } else {
             load_row<E>((is_q ? dq + (tok * H + head) * D : dk + (tok * KV + (head - H)) * D) + sub * E, dy);
         }
+        // v rows pass their gradient through unrotated: no cos/sin loads (the shuffle still runs
+        // on them, with cos 1 and sin 0)
+        if (rope && !is_v) {
+            load_row<E>(cosv + tok * D + sub * E, c);
+            load_row<E>(sinv + tok * D + sub * E, s);
+        } else {
+            #pragma unroll
+            for (int e = 0; e < E; e++) { c[e] = 1.0f; s[e] = 0.0f; }
+        }
+        if (norm) {
+            load_row<E>(qkv + row * D + sub * E, x);
+            r = rstd[tok * (H + KV) + head];
+        } else {
+            #pragma unroll
+            for (int e = 0; e < E; e++) x[e] = 0.0f;
+        }
         float du[E];
         if (rope) {
-            // v rows pass their gradient through unrotated: no cos/sin loads (the shuffle still
-            // runs on them, with cos 1 and sin 0)
-            float c[E], s[E];
-            if (is_v) {
-                #pragma unroll
-                for (int e = 0; e < E; e++) { c[e] = 1.0f; s[e] = 0.0f; }
-            } else {
-                load_row<E>(cosv + tok * D + sub * E, c);
-                load_row<E>(sinv + tok * D + sub * E, s);
-            }
             // du_j = dy_j cos_j + sign_j · dy_p(j) sin_p(j), sign +1 in the first half, −1 in the second
             float sign = sub < L / 2 ? 1.0f : -1.0f;
             #pragma unroll
@@ -225,15 +234,7 @@ template <int E, int L> __device__ void qkv_bwd(const unsigned short* qkv, const
             #pragma unroll
             for (int e = 0; e < E; e++) du[e] = dy[e];
         }
-        bool norm = !is_v && (is_q ? qw != 0 : kw != 0);
-        float x[E], dx[E], dot = 0.0f, r = 1.0f;
-        if (norm) {
-            load_row<E>(qkv + row * D + sub * E, x);
-            r = rstd[tok * (H + KV) + head];
-        } else {
-            #pragma unroll
-            for (int e = 0; e < E; e++) x[e] = 0.0f;
-        }
+        float dx[E], dot = 0.0f;
         #pragma unroll
         for (int e = 0; e < E; e++) {
             x[e] *= r;                                  // x̂

@@ -54,10 +54,13 @@ __device__ void block_logsumexp(float& m, float& s) {
 
 // One block per row: logprobs[row] = x[t] - logsumexp(x); then x <- softmax(x), in place. Rows
 // whose length is a multiple of 8 are read and written 16 bytes at a time, with one rescale of
-// the running sum per 8 values.
+// the running sum per 8 values. Both orders favour the L2 cache: blocks take the rows last row
+// first (the GEMM that wrote the chunk wrote those last), and the second pass walks its row
+// backwards (the lines the first pass read last are the likeliest still cached).
 extern "C" __global__ void __launch_bounds__(1024) softmax_rows_bf16(unsigned short* logits, const long long* targets,
                                              float* logprobs, long long vocab) {
-    unsigned short* x = logits + (long long)blockIdx.x * vocab;
+    long long row = (long long)gridDim.x - 1 - blockIdx.x;
+    unsigned short* x = logits + row * vocab;
     float m = NEG_INF, s = 0.0f;
     bool vec = (vocab & 7) == 0;
     if (vec) {
@@ -82,14 +85,14 @@ extern "C" __global__ void __launch_bounds__(1024) softmax_rows_bf16(unsigned sh
     }
     block_logsumexp(m, s);
     if (threadIdx.x == 0) {
-        long long t = targets[blockIdx.x];
-        logprobs[blockIdx.x] = (t >= 0 && t < vocab) ? bf16_to_float(x[t]) - m - logf(s) : 0.0f;
+        long long t = targets[row];
+        logprobs[row] = (t >= 0 && t < vocab) ? bf16_to_float(x[t]) - m - logf(s) : 0.0f;
     }
     __syncthreads();
     float inv = 1.0f / s;
     if (vec) {
         uint4* xv = (uint4*)x;
-        for (long long i = threadIdx.x; i < vocab / 8; i += blockDim.x) {
+        for (long long i = vocab / 8 - 1 - threadIdx.x; i >= 0; i -= blockDim.x) {
             float v[8];
             unpack8(xv[i], v);
             #pragma unroll
@@ -97,7 +100,7 @@ extern "C" __global__ void __launch_bounds__(1024) softmax_rows_bf16(unsigned sh
             xv[i] = pack8(v);
         }
     } else {
-        for (long long i = threadIdx.x; i < vocab; i += blockDim.x) {
+        for (long long i = vocab - 1 - threadIdx.x; i >= 0; i -= blockDim.x) {
             x[i] = float_to_bf16(expf(bf16_to_float(x[i]) - m) * inv);
         }
     }
