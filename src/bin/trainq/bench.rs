@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde_json::json;
 use tch::{Device, Kind, Tensor};
-use trainq_engine::model::{packed_attention_kernel, HfConfig, PackedAttention, Policy};
+use trainq_engine::model::{packed_attention_kernel, HfConfig, MemorySettings, PackedAttention, Policy};
 use trainq_engine::tokenize::MicroBatch;
 use trainq_engine::train::Trainer;
 use trainq_queue::config::{LoraConfig, TrainConfig};
@@ -125,9 +125,7 @@ struct Workload {
 /// rows take flash varlen instead of cuDNN.
 #[derive(Debug, Clone, Copy)]
 struct Memory {
-    ckpt: bool,
-    offload: bool,
-    keep_mlp: bool,
+    settings: MemorySettings,
     fused: bool,
     flash_varlen: bool,
 }
@@ -201,13 +199,12 @@ fn run_train(args: TrainBenchArgs) -> Result<()> {
             dumped.push(super::bench_docs::docs_json(docs, seq, micro, bounds));
         }
         let work = Workload { seq, micro, accumulate: args.accumulate, docs };
-        let memory = Memory {
-            ckpt,
-            offload: ckpt && args.offload,
-            keep_mlp: args.keep_mlp,
-            fused: !args.no_fused,
-            flash_varlen: args.flash_varlen,
+        let settings = MemorySettings {
+            activation_checkpointing: ckpt,
+            activation_offloading: ckpt && args.offload,
+            keep_mlp_activations: args.keep_mlp,
         };
+        let memory = Memory { settings, fused: !args.no_fused, flash_varlen: args.flash_varlen };
         let trace = args.trace.as_ref().map(|dir| {
             let ckpt = if ckpt { "-ckpt" } else { "" };
             let packed = if args.packed { "-packed" } else { "" };
@@ -239,7 +236,7 @@ fn bench_one(
     shape: &str,
     mode: &str,
     work: &Workload,
-    Memory { ckpt, offload, keep_mlp, fused, flash_varlen }: Memory,
+    Memory { settings, fused, flash_varlen }: Memory,
     timing: &Timing,
     device: Device,
     peak: Option<f64>,
@@ -250,9 +247,7 @@ fn bench_one(
     let mut cfg = TrainConfig { lora: lora.clone(), max_seq_len: seq as usize, ..TrainConfig::default() };
     cfg.max_tokens_per_micro_batch = (seq * micro) as usize;
     let mut policy = Policy::from_config(&hf, lora.as_ref(), device, 0).context("build the model")?;
-    policy.set_activation_checkpointing(ckpt);
-    policy.set_activation_offloading(offload);
-    policy.set_keep_mlp_activations(keep_mlp);
+    policy.set_memory_settings(settings);
     policy.set_fused_ops(fused);
     let packed_attention = if flash_varlen { PackedAttention::FlashVarlen } else { PackedAttention::Segments };
     policy.set_packed_attention(packed_attention);
@@ -302,12 +297,13 @@ fn bench_one(
         None => seq as f64,
     };
     let fwd = 2.0 * n_params as f64 + 2.0 * (hf.num_hidden_layers * hf.num_attention_heads * 128) as f64 * context;
+    let ckpt = settings.activation_checkpointing;
     let factor = if mode == "full" { 3.0 } else { 2.0 } + if ckpt { 1.0 } else { 0.0 };
     let tflops = fwd * factor * tokens / 1e12;
     let mut res = json!({
         "impl": "trainq", "shape": shape, "mode": mode, "seq": seq, "micro": micro,
         "accumulate": work.accumulate, "ckpt": ckpt,
-        "offload": offload, "keep_mlp": keep_mlp, "fused_ops": policy.fused_ops_active(), "params_b": (n_params as f64 / 1e7).round() / 100.0, "tokens_per_s": tokens.round(),
+        "offload": settings.activation_offloading, "keep_mlp": settings.keep_mlp_activations, "fused_ops": policy.fused_ops_active(), "params_b": (n_params as f64 / 1e7).round() / 100.0, "tokens_per_s": tokens.round(),
         "step_s": (dt * 1e4).round() / 1e4, "model_tflops": (tflops * 10.0).round() / 10.0,
         "peak_mem_gib": device_memory_used_gib(device),
     });
