@@ -29,7 +29,11 @@
 #   bash ops/gpu.sh ab [ARGS] # there: same-call A/B — per row of ROWS (one line of `bench train`
 #                             # args each), .carry/trainq-base then .carry/trainq, twice over; the
 #                             # rows go to ab.jsonl tagged "binary", the table to ab.md; AB_TRACE=1
-#                             # also traces one step of each (summaries in traces.md)
+#                             # also traces one step of each (summaries in traces.md);
+#                             # AB_BASE_ENV / AB_NEW_ENV ("VAR=value …") set the environment of
+#                             # each side, AB_BASE_BIN picks the base binary (e.g. AB_BASE_BIN=trainq
+#                             # AB_NEW_ENV=PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: an
+#                             # allocator setting A/B'd on one binary)
 #   bash ops/gpu.sh e2e       # there: the user's path end to end — carried PostgreSQL and S3 server,
 #                             # `trainq migrate`, `model create` on a random Qwen3-0.6B with the real
 #                             # tokenizer, `trainq worker --device cuda --store s3://…` while
@@ -94,6 +98,19 @@ case "${1:-}" in
   ab)
     device_env
     shift
+    # One side of the A/B: "trainq-base" runs AB_BASE_BIN (default trainq-base) with AB_BASE_ENV,
+    # "trainq" runs trainq with AB_NEW_ENV.
+    ab_side() {
+      local side=$1
+      shift
+      if [ "$side" = trainq-base ]; then
+        # shellcheck disable=SC2086
+        env ${AB_BASE_ENV:-} "./.carry/${AB_BASE_BIN:-trainq-base}" "$@"
+      else
+        # shellcheck disable=SC2086
+        env ${AB_NEW_ENV:-} ./.carry/trainq "$@"
+      fi
+    }
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     default_rows="--mode lora
 --mode full
@@ -101,18 +118,18 @@ case "${1:-}" in
     while read -r row; do
       [ -n "$row" ] || continue
       for round in 1 2; do
-        for bin in trainq-base trainq; do
+        for side in trainq-base trainq; do
           # shellcheck disable=SC2086
-          ./.carry/$bin bench train --skip-peak $row "$@" | sed "s/^{\"impl\"/{\"binary\":\"$bin\",\"round\":$round,\"impl\"/" \
+          ab_side $side bench train --skip-peak $row "$@" | sed "s/^{\"impl\"/{\"binary\":\"$side\",\"round\":$round,\"impl\"/" \
             | tee -a "$OUT/ab.jsonl" || true
         done
       done
       if [ -n "${AB_TRACE:-}" ]; then
-        # One traced step per binary: kernel times side by side in traces.md.
+        # One traced step per side: kernel times side by side in traces.md.
         for bin in trainq-base trainq; do
           rm -rf "/tmp/ab-trace-$bin" && mkdir -p "/tmp/ab-trace-$bin"
           # shellcheck disable=SC2086
-          ./.carry/$bin bench train --skip-peak --trace "/tmp/ab-trace-$bin" $row "$@" >/dev/null || true
+          ab_side $bin bench train --skip-peak --trace "/tmp/ab-trace-$bin" $row "$@" >/dev/null || true
           for t in "/tmp/ab-trace-$bin"/*.json; do
             { echo "## $bin: $row"; "$gpu_python" ops/bench/trace_summary.py "$t" 40; echo; } >> "$OUT/traces.md"
           done
