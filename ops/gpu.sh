@@ -25,7 +25,9 @@
 #                             # activation offloading, the longest offloaded rows (SEQS), and the
 #                             # peer with gradient checkpointing at 1×8192 (H200: 65 GiB weights)
 #   bash ops/gpu.sh build-base [REV]  # here: `trainq` at commit REV (default HEAD: the tree without
-#                             # uncommitted changes) into .carry/trainq-base, for `ab`
+#                             # uncommitted changes) into .carry/trainq-base, for `ab`; with
+#                             # BASE_PATCH=FILE, REV with that diff applied (a patch tried and
+#                             # kept aside, e.g. ops/bench/runs/2026-12-06-part8/norm-room-tried.diff)
 #   bash ops/gpu.sh ab [ARGS] # there: same-call A/B — per row of ROWS (one line of `bench train`
 #                             # args each), .carry/trainq-base then .carry/trainq, twice over; the
 #                             # rows go to ab.jsonl tagged "binary", the table to ab.md; AB_TRACE=1
@@ -86,13 +88,16 @@ case "${1:-}" in
     tree=/tmp/trainq-base-tree
     git worktree remove --force "$tree" 2>/dev/null || true
     git worktree add --detach "$tree" "$rev" >&2
+    if [ -n "${BASE_PATCH:-}" ]; then
+      git -C "$tree" apply "$PWD/$BASE_PATCH"
+    fi
     CARGO_TARGET_DIR=$PWD/target cargo build --release --locked --bin trainq --manifest-path "$tree/Cargo.toml"
     mkdir -p .carry
     cp target/release/trainq .carry/trainq-base
     git worktree remove --force "$tree"
     touch src/bin/trainq/main.rs crates/trainq-engine/csrc/*
     cargo build --release --locked --bin trainq
-    echo "$rev" > .carry/trainq-base.rev
+    echo "$rev${BASE_PATCH:+ + $BASE_PATCH}" > .carry/trainq-base.rev
     ls -la .carry
     ;;
   ab)
