@@ -89,7 +89,7 @@ case "${1:-}" in
     git worktree remove --force "$tree" 2>/dev/null || true
     git worktree add --detach "$tree" "$rev" >&2
     if [ -n "${BASE_PATCH:-}" ]; then
-      git -C "$tree" apply "$PWD/$BASE_PATCH"
+      git -C "$tree" apply "$(realpath "$BASE_PATCH")"
     fi
     CARGO_TARGET_DIR=$PWD/target cargo build --release --locked --bin trainq --manifest-path "$tree/Cargo.toml"
     mkdir -p .carry
@@ -131,12 +131,12 @@ case "${1:-}" in
       done
       if [ -n "${AB_TRACE:-}" ]; then
         # One traced step per side: kernel times side by side in traces.md.
-        for bin in trainq-base trainq; do
-          rm -rf "/tmp/ab-trace-$bin" && mkdir -p "/tmp/ab-trace-$bin"
+        for side in trainq-base trainq; do
+          rm -rf "/tmp/ab-trace-$side" && mkdir -p "/tmp/ab-trace-$side"
           # shellcheck disable=SC2086
-          ab_side $bin bench train --skip-peak --trace "/tmp/ab-trace-$bin" $row "$@" >/dev/null || true
-          for t in "/tmp/ab-trace-$bin"/*.json; do
-            { echo "## $bin: $row"; "$gpu_python" ops/bench/trace_summary.py "$t" 40; echo; } >> "$OUT/traces.md"
+          ab_side $side bench train --skip-peak --trace "/tmp/ab-trace-$side" $row "$@" >/dev/null || true
+          for t in "/tmp/ab-trace-$side"/*.json; do
+            { echo "## $side: $row"; "$gpu_python" ops/bench/trace_summary.py "$t" 40; echo; } >> "$OUT/traces.md"
           done
         done
       fi
